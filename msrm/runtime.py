@@ -1,0 +1,225 @@
+"""Explicit runtime configuration and execution evidence.
+
+Nothing here runs at import time. Call :func:`enable_x64` (or :func:`configure`) before building models:
+
+    import msrm
+    msrm.runtime.configure(platform="cpu", blas_threads=2)   # also enables float64
+    info = msrm.runtime.execution_info()
+
+``execution_info()`` is recorded in every archive and results row. It never imports JAX by itself: a
+NumPy-only process (R-MSRM) reports ``backend="numpy"``.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import os
+import platform as _platform
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "enable_x64",
+    "configure",
+    "execution_info",
+    "blas_threads",
+    "physical_cores",
+    "blas_info",
+    "check_oversubscription",
+    "OversubscriptionWarning",
+]
+
+
+class OversubscriptionWarning(RuntimeWarning):
+    """BLAS threads exceed the physical cores, or a CPU callback runs on an oversubscribed pool."""
+
+
+_STATE: dict[str, Any] = {"blas_threads": None, "platform": None, "preallocate": None}
+
+
+def enable_x64() -> None:
+    """Turn on float64 in JAX (the numerical contract) and pin matmul precision to ``highest``."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def configure(platform: str | None = None, blas_threads: int | None = None, preallocate: bool = False) -> None:
+    """Configure the process explicitly.
+
+    Args:
+        platform: ``"cpu"``, ``"cuda"``/``"gpu"`` or ``None`` (JAX's own choice). Must be called before JAX
+            initialises its backends.
+        blas_threads: threads for LAPACK/BLAS calls made by msrm (through threadpoolctl). ``None`` means the
+            physical core count. A value above the physical cores warns.
+        preallocate: GPU memory preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE``); off by default so peak
+            memory can be measured and shared cards are not grabbed whole.
+    """
+    if blas_threads is not None:
+        if not isinstance(blas_threads, int) or blas_threads < 1:
+            raise ValueError(f"blas_threads must be a positive integer, got {blas_threads!r}")
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if preallocate else "false"
+    _STATE["preallocate"] = bool(preallocate)
+    _STATE["blas_threads"] = blas_threads
+    check_oversubscription(blas_threads if blas_threads is not None else None)
+    import jax
+
+    if platform is not None:
+        name = {"gpu": "cuda"}.get(platform, platform)
+        if name not in ("cpu", "cuda", "tpu"):
+            raise ValueError(f"platform must be 'cpu', 'cuda' or None, got {platform!r}")
+        jax.config.update("jax_platforms", name)
+        _STATE["platform"] = name
+    enable_x64()
+
+
+def blas_threads() -> int:
+    """Threads msrm gives BLAS/LAPACK calls: the configured value, else the physical core count."""
+    n = _STATE["blas_threads"]
+    return int(n) if n is not None else physical_cores()
+
+
+@functools.lru_cache(maxsize=1)
+def physical_cores() -> int:
+    """Physical CPU cores (not hyper-threads) available to this process."""
+    try:
+        avail = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        avail = os.cpu_count() or 1
+    cores: set[tuple[str, str]] = set()
+    try:
+        phys = core = None
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("physical id"):
+                phys = line.split(":", 1)[1].strip()
+            elif line.startswith("core id"):
+                core = line.split(":", 1)[1].strip()
+            elif not line.strip():
+                if core is not None:
+                    cores.add((phys or "0", core))
+                phys = core = None
+        if core is not None:
+            cores.add((phys or "0", core))
+    except OSError:
+        pass
+    n = len(cores) if cores else (os.cpu_count() or 1)
+    return max(1, min(n, avail))
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return _platform.processor() or _platform.machine()
+
+
+def blas_info() -> list[dict[str, Any]]:
+    """The BLAS/OpenMP libraries loaded in this process, as threadpoolctl reports them."""
+    from threadpoolctl import threadpool_info
+
+    keep = ("user_api", "internal_api", "version", "num_threads", "architecture", "threading_layer", "prefix")
+    return [{k: d.get(k) for k in keep if k in d} for d in threadpool_info()]
+
+
+def check_oversubscription(threads: int | None = None, *, context: str = "BLAS") -> bool:
+    """Warn (``OversubscriptionWarning``) when ``threads`` exceeds the physical cores. Returns True if it does."""
+    cores = physical_cores()
+    if threads is None:
+        try:
+            threads = max((d.get("num_threads") or 0) for d in blas_info()) or None
+        except Exception:  # pragma: no cover - threadpoolctl failure is not fatal
+            threads = None
+    if threads is not None and threads > cores:
+        warnings.warn(
+            f"{context} uses {threads} threads but this machine has {cores} physical cores; "
+            f"oversubscription slows dense algebra (set msrm.runtime.configure(blas_threads={cores}))",
+            OversubscriptionWarning,
+            stacklevel=2,
+        )
+        return True
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def _git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        if out.returncode != 0:
+            return None
+        commit = out.stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "msrm", "data_synth"],
+            cwd=root, capture_output=True, text=True, timeout=5,
+        )
+        return commit + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
+    """Where and how a computation ran: backend, devices, dtype, versions, threads, BLAS kernel, commit.
+
+    Args:
+        include_jax: query JAX for backend/devices/dtype. ``None`` (default) does so only if JAX is already
+            imported, so NumPy-only code never pulls JAX in.
+    """
+    import numpy as np
+
+    blas = blas_info()
+    kernel = next((b.get("architecture") for b in blas if b.get("internal_api") in ("openblas", "mkl", "blis")), None)
+    info: dict[str, Any] = {
+        "backend": "numpy",
+        "devices": ["cpu"],
+        "device_kind": _cpu_model(),
+        "dtype": "float64",
+        "x64": None,
+        "python": _platform.python_version(),
+        "numpy": np.__version__,
+        "scipy": _version("scipy"),
+        "jax": _version("jax"),
+        "jaxlib": _version("jaxlib"),
+        "numpyro": _version("numpyro"),
+        "arviz": _version("arviz"),
+        "cpu_model": _cpu_model(),
+        "physical_cores": physical_cores(),
+        "logical_cpus": os.cpu_count(),
+        "blas": blas,
+        "blas_kernel": kernel,
+        "blas_threads": blas_threads(),
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
+        "xla_preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
+        "hostname": _platform.node(),
+        "git_commit": _git_commit(),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if include_jax is None:
+        include_jax = "jax" in sys.modules
+    if include_jax:
+        import jax
+
+        devices = jax.devices()
+        info["backend"] = jax.default_backend()
+        info["devices"] = [str(d) for d in devices]
+        info["device_kind"] = devices[0].device_kind if devices else None
+        info["x64"] = bool(jax.config.jax_enable_x64)
+        info["dtype"] = "float64" if info["x64"] else "float32"
+        info["matmul_precision"] = jax.config.jax_default_matmul_precision
+    return info
