@@ -1,0 +1,480 @@
+r"""Guarded symmetric factorization with a custom reverse-mode rule.
+
+The GP likelihoods need, for a symmetric positive definite ``M`` (n, n) and right-hand sides ``V`` (n,) or
+(n, r), the two numbers
+
+.. math::
+
+    q = \operatorname{tr}(V^\top M^{-1} V), \qquad \ell = \log\lvert M \rvert,
+
+and their derivatives. :func:`quad_logdet` is the single entry point::
+
+    quad, logdet, event = quad_logdet(M, V, method="auto")
+
+**Forward.** ``M`` is symmetrised, ``M_s = (M + M^T)/2``, then factorised ``M_s = L L^T``; ``A = M_s^{-1} V``
+comes from two triangular solves against ``L``; ``q = sum(V * A)`` and ``ell = 2 sum(log diag L)``.
+
+**Guard (the jitter ladder).** If the plain Cholesky fails, rung k = 1..5 retries with
+``M_s + eps_k I``, ``eps_k = 1e-10 * 10^k * mean(diag M_s)``: relative to the matrix's own scale, starting
+about a hundred times above float64 rounding of an n ~ 10^3..10^4 factorization (n * 2.2e-16 ~ 1e-12) and
+stopping at 1e-5, beyond which the jitter would change the likelihood by more than the noise floor the models
+care about. If every rung fails, the **fallback** is an eigendecomposition ``M_s = Q diag(w) Q^T`` with the
+eigenvalues clipped from below at the last rung's level, ``w_i <- max(w_i, 1e-5 mean(diag M_s))``; the clipped
+matrix is positive definite by construction and is factorised again so the backward pass is uniform. What ran
+is returned as ``event`` (int32):
+
+====== ==========================================================================
+event  meaning
+====== ==========================================================================
+0      plain Cholesky succeeded
+k>0    jitter rung k was needed (``eps_k`` above)
+-1     fallback: eigendecomposition with eigenvalue clipping (value finite)
+-2     ``M`` or ``V`` held a non-finite entry; value is NaN for that stated reason
+====== ==========================================================================
+
+The value is never NaN without ``event == -2`` explaining why. Callers count events (the model's
+diagnostics counter); nothing is printed.
+
+**Reverse mode** (``jax.custom_vjp``), with ``G_q``, ``G_l`` the cotangents of ``q`` and ``ell``:
+
+.. math::
+
+    \bar M = G_l\, M^{-1} - G_q\, A A^\top, \qquad \bar V = 2\, G_q\, A.
+
+``M^{-1}`` is formed once, in the backward pass only, from the factor (LAPACK POTRI, or two triangular
+inverses in native JAX); the quadratic part needs only ``A`` from the forward pass. ``\bar M`` is symmetric,
+which is the derivative of the function of the symmetrised input (so finite differences in any direction
+agree). When jitter or the fallback was used, the derivative is that of the regularised matrix with the
+regularisation held fixed. ``event`` is an integer output and takes a ``float0`` cotangent.
+
+**Platforms.** ``method="auto"`` picks ``"callback"`` when ``jax.default_backend() == "cpu"`` at trace time
+and ``"native"`` otherwise. ``"callback"``: SciPy LAPACK ``dpotrf``/``dpotrs`` (forward) and ``dpotri`` plus
+BLAS ``dsyrk`` (backward) inside ``jax.pure_callback``, with BLAS threads limited by threadpoolctl to
+:func:`msrm.runtime.blas_threads` (default: physical cores; a larger pool warns through
+:func:`msrm.runtime.check_oversubscription`). ``"native"``: ``jnp.linalg.cholesky`` and triangular solves with
+the same ladder as ``lax`` control flow. Both give the same value, event and gradient. Both work under
+``jit`` and ``vmap`` (the callback uses ``vmap_method="broadcast_all"`` and loops over the batch on the host).
+
+**Memory.** At trace time the peak bytes of one call are predicted (:func:`msrm.gp.memory.predict_peak_bytes`)
+and checked against free memory (:func:`msrm.gp.memory.check_memory`), which refuses with a
+:class:`~msrm.gp.memory.MemoryGuardError` suggesting ``linear_algebra='state_space'``.
+
+Float64 only: both inputs must be float64 (call :func:`msrm.runtime.enable_x64` first).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import runtime
+from . import memory
+
+__all__ = [
+    "quad_logdet",
+    "jitter_levels",
+    "describe_event",
+    "potrf_potri_callback",
+    "callback_threads",
+    "N_JITTER",
+    "JITTER_BASE",
+    "EVENT_PLAIN",
+    "EVENT_EIGH_FALLBACK",
+    "EVENT_NONFINITE",
+    "METHODS",
+]
+
+N_JITTER = 5
+JITTER_BASE = 1e-10
+EVENT_PLAIN = 0
+EVENT_EIGH_FALLBACK = -1
+EVENT_NONFINITE = -2
+METHODS = ("auto", "callback", "native")
+
+_THREAD_OVERRIDE: list[int] = []
+
+
+def jitter_levels() -> np.ndarray:
+    """Relative jitter of rungs 1..N_JITTER: ``1e-10 * 10^k`` (multiplied by ``mean(diag M)``). Shape (5,)."""
+    return JITTER_BASE * 10.0 ** np.arange(1, N_JITTER + 1)
+
+
+def describe_event(event: int) -> str:
+    """A sentence saying what the guard did for one ``event`` code."""
+    event = int(event)
+    if event == EVENT_PLAIN:
+        return "plain Cholesky"
+    if 1 <= event <= N_JITTER:
+        return f"jitter rung {event} (relative jitter {jitter_levels()[event - 1]:.0e} of mean diagonal)"
+    if event == EVENT_EIGH_FALLBACK:
+        return "eigendecomposition fallback with eigenvalue clipping"
+    if event == EVENT_NONFINITE:
+        return "non-finite input; value is NaN"
+    raise ValueError(f"event must be in -2..{N_JITTER}, got {event}")
+
+
+@contextlib.contextmanager
+def callback_threads(n: int) -> Iterator[None]:
+    """Temporarily give the LAPACK callback ``n`` BLAS threads (benchmarks sweep this; read at call time)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"callback_threads: n must be a positive integer, got {n!r}")
+    _THREAD_OVERRIDE.append(n)
+    try:
+        yield
+    finally:
+        _THREAD_OVERRIDE.pop()
+
+
+def _threads() -> int:
+    return _THREAD_OVERRIDE[-1] if _THREAD_OVERRIDE else runtime.blas_threads()
+
+
+@functools.lru_cache(maxsize=1)
+def _controller():
+    from scipy.linalg import blas, lapack  # noqa: F401  (load SciPy's BLAS before inspecting the pools)
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+@contextlib.contextmanager
+def _blas_limit() -> Iterator[None]:
+    n = _threads()
+    if n > runtime.physical_cores():
+        runtime.check_oversubscription(n, context="LAPACK callback")
+    with _controller().limit(limits=n, user_api="blas"):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Host side (NumPy / SciPy LAPACK). Factors are kept as U = L^T in Fortran order so that L = U.T is a
+# C-contiguous view handed back to JAX without a copy.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _scale(diag: np.ndarray) -> float:
+    s = float(np.mean(diag))
+    return s if np.isfinite(s) and s > 0 else 1.0
+
+
+def _host_factor(Ms: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """Guarded factorization of one symmetric matrix. Returns (U in Fortran order or None, event)."""
+    from scipy.linalg import lapack
+
+    if not np.all(np.isfinite(Ms)):
+        return None, EVENT_NONFINITE
+    U, info = lapack.dpotrf(Ms, lower=0, clean=1, overwrite_a=0)
+    if info == 0:
+        return U, EVENT_PLAIN
+    scale = _scale(np.diag(Ms))
+    n = Ms.shape[0]
+    for k, rel in enumerate(jitter_levels(), start=1):
+        Mj = np.array(Ms, order="F", copy=True)
+        Mj[np.diag_indices(n)] += rel * scale
+        U, info = lapack.dpotrf(Mj, lower=0, clean=1, overwrite_a=1)
+        if info == 0:
+            return U, k
+    w, Q = np.linalg.eigh(Ms)
+    w = np.maximum(w, jitter_levels()[-1] * scale)
+    Mc = (Q * w) @ Q.T
+    Mc = 0.5 * (Mc + Mc.T)
+    U, info = lapack.dpotrf(Mc, lower=0, clean=1, overwrite_a=1)
+    if info != 0:  # pragma: no cover - clipped spectrum is PD by construction
+        return None, EVENT_NONFINITE
+    return U, EVENT_EIGH_FALLBACK
+
+
+def _host_solve(U: np.ndarray, V: np.ndarray) -> tuple[float, float, np.ndarray]:
+    from scipy.linalg import lapack
+
+    A, info = lapack.dpotrs(U, V, lower=0, overwrite_b=0)
+    if info != 0:  # pragma: no cover - arguments are checked before
+        raise RuntimeError(f"dpotrs failed with info={info}")
+    quad = float(np.sum(V * A))
+    logdet = 2.0 * float(np.sum(np.log(np.diag(U))))
+    return quad, logdet, A
+
+
+def _host_one(M: np.ndarray, V: np.ndarray, want_residuals: bool):
+    n, r = V.shape
+    U, event = _host_factor(M)
+    if U is None:
+        nan = np.float64(np.nan)
+        L = np.full((n, n), np.nan)
+        return nan, nan, np.int32(event), L, np.full((n, r), np.nan)
+    if not np.all(np.isfinite(V)):
+        event = EVENT_NONFINITE
+    quad, logdet, A = _host_solve(U, V)
+    if event == EVENT_NONFINITE:
+        quad = np.nan
+    L = U.T if want_residuals else None
+    return np.float64(quad), np.float64(logdet), np.int32(event), L, np.ascontiguousarray(A)
+
+
+def _host_batched(M, V, want_residuals: bool):
+    """Loop over leading batch dims (``vmap_method='broadcast_all'``)."""
+    M = np.asarray(M, dtype=np.float64)
+    V = np.asarray(V, dtype=np.float64)
+    batch = M.shape[:-2]
+    n, r = V.shape[-2:]
+    quad = np.empty(batch)
+    logdet = np.empty(batch)
+    event = np.empty(batch, dtype=np.int32)
+    L = np.empty(batch + (n, n)) if want_residuals else None
+    A = np.empty(batch + (n, r)) if want_residuals else None
+    with _blas_limit():
+        for idx in np.ndindex(*batch):
+            q, ld, ev, Li, Ai = _host_one(M[idx], V[idx], want_residuals)
+            quad[idx], logdet[idx], event[idx] = q, ld, ev
+            if want_residuals:
+                L[idx] = Li
+                A[idx] = Ai
+    if want_residuals:
+        return quad, logdet, event, L, A
+    return quad, logdet, event
+
+
+def _host_value(M, V):
+    return _host_batched(M, V, want_residuals=False)
+
+
+def _host_forward(M, V):
+    return _host_batched(M, V, want_residuals=True)
+
+
+def _host_cotangent_one(L: np.ndarray, A: np.ndarray, gq: float, gl: float) -> np.ndarray:
+    """``gl * M^{-1} - gq * A A^T`` from the factor: POTRI then SYRK, symmetrised in place."""
+    from scipy.linalg import blas, lapack
+
+    n = L.shape[0]
+    if not np.all(np.isfinite(L)):
+        return np.full((n, n), np.nan)
+    Minv, info = lapack.dpotri(L.T, lower=0, overwrite_c=0)  # upper triangle of M^{-1}, Fortran order
+    if info != 0:  # pragma: no cover - a factor from the forward pass is nonsingular
+        raise RuntimeError(f"dpotri failed with info={info}")
+    G = blas.dsyrk(-float(gq), A, beta=float(gl), c=Minv, trans=0, lower=0, overwrite_c=1)
+    G = np.triu(G)
+    G += G.T
+    G[np.diag_indices(n)] *= 0.5
+    return G
+
+
+def _host_backward(L, A, gq, gl):
+    L = np.asarray(L, dtype=np.float64)
+    A = np.asarray(A, dtype=np.float64)
+    gq = np.asarray(gq, dtype=np.float64)
+    gl = np.asarray(gl, dtype=np.float64)
+    batch = L.shape[:-2]
+    out = np.empty(L.shape)
+    with _blas_limit():
+        for idx in np.ndindex(*batch):
+            out[idx] = _host_cotangent_one(L[idx], A[idx], gq[idx], gl[idx])
+    return out
+
+
+def _shapes(n: int, r: int, residuals: bool):
+    f64 = jnp.float64
+    out = (jax.ShapeDtypeStruct((), f64), jax.ShapeDtypeStruct((), f64), jax.ShapeDtypeStruct((), jnp.int32))
+    if residuals:
+        out = out + (jax.ShapeDtypeStruct((n, n), f64), jax.ShapeDtypeStruct((n, r), f64))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Callback path
+# ---------------------------------------------------------------------------------------------------------
+
+
+@jax.custom_vjp
+def _quad_logdet_callback(M, V):
+    n, r = V.shape
+    return jax.pure_callback(_host_value, _shapes(n, r, False), M, V, vmap_method="broadcast_all")
+
+
+def _callback_fwd(M, V):
+    n, r = V.shape
+    quad, logdet, event, L, A = jax.pure_callback(
+        _host_forward, _shapes(n, r, True), M, V, vmap_method="broadcast_all"
+    )
+    return (quad, logdet, event), (L, A)
+
+
+def _callback_bwd(res, cts):
+    L, A = res
+    gq, gl, _ = cts
+    dM = jax.pure_callback(
+        _host_backward, jax.ShapeDtypeStruct(L.shape, L.dtype), L, A, gq, gl, vmap_method="broadcast_all"
+    )
+    return dM, 2.0 * gq * A
+
+
+_quad_logdet_callback.defvjp(_callback_fwd, _callback_bwd)
+
+
+def potrf_potri_callback(M: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(L, M^{-1})`` by LAPACK POTRF then POTRI inside ``jax.pure_callback`` (benchmarks and checks).
+
+    Args:
+        M: (n, n) symmetric positive definite float64.
+    Returns:
+        L (n, n) lower Cholesky factor (NaN if not positive definite), Minv (n, n) full symmetric inverse.
+    """
+    n = M.shape[-1]
+
+    def host(Mh):
+        from scipy.linalg import lapack
+
+        Mh = np.asarray(Mh, dtype=np.float64)
+        L = np.empty(Mh.shape)
+        Minv = np.empty(Mh.shape)
+        with _blas_limit():
+            for idx in np.ndindex(*Mh.shape[:-2]):
+                U, info = lapack.dpotrf(Mh[idx], lower=0, clean=1, overwrite_a=0)
+                if info != 0:
+                    L[idx] = Minv[idx] = np.nan
+                    continue
+                Ui, _ = lapack.dpotri(U, lower=0, overwrite_c=0)
+                Ui = np.triu(Ui)
+                Ui += np.triu(Ui, 1).T
+                L[idx], Minv[idx] = U.T, Ui
+        return L, Minv
+
+    spec = jax.ShapeDtypeStruct((n, n), jnp.float64)
+    return jax.pure_callback(host, (spec, spec), M, vmap_method="broadcast_all")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Native path (lax control flow, same ladder)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _chol_ok(L):
+    return jnp.all(jnp.isfinite(jnp.diagonal(L)))
+
+
+def _native_factor(Ms):
+    n = Ms.shape[0]
+    eye = jnp.eye(n, dtype=Ms.dtype)
+    diag = jnp.diagonal(Ms)
+    s = jnp.mean(diag)
+    scale = jnp.where(jnp.isfinite(s) & (s > 0), s, 1.0)
+    levels = jnp.asarray(np.concatenate([[0.0], jitter_levels()]))
+
+    L0 = jnp.linalg.cholesky(Ms)
+    state0 = (jnp.int32(0), L0, _chol_ok(L0))
+
+    def cond(state):
+        k, _, ok = state
+        return jnp.logical_and(~ok, k < N_JITTER)
+
+    def body(state):
+        k, _, _ = state
+        k = k + 1
+        L = jnp.linalg.cholesky(Ms + levels[k] * scale * eye)
+        return k, L, _chol_ok(L)
+
+    k, L, ok = lax.while_loop(cond, body, state0)
+
+    def fallback(_):
+        w, Q = jnp.linalg.eigh(Ms)
+        w = jnp.maximum(w, levels[-1] * scale)
+        Mc = (Q * w) @ Q.T
+        return jnp.linalg.cholesky(0.5 * (Mc + Mc.T))
+
+    L = lax.cond(ok, lambda _: L, fallback, None)
+    finite = jnp.all(jnp.isfinite(Ms))
+    event = jnp.where(ok, k, jnp.int32(EVENT_EIGH_FALLBACK))
+    event = jnp.where(finite, event, jnp.int32(EVENT_NONFINITE)).astype(jnp.int32)
+    return L, event
+
+
+def _native_forward(M, V):
+    L, event = _native_factor(M)
+    B = jax.scipy.linalg.solve_triangular(L, V, lower=True)
+    A = jax.scipy.linalg.solve_triangular(L, B, lower=True, trans=1)
+    quad = jnp.sum(V * A)
+    logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(L)))
+    event = jnp.where(jnp.all(jnp.isfinite(V)), event, jnp.int32(EVENT_NONFINITE)).astype(jnp.int32)
+    quad = jnp.where(event == EVENT_NONFINITE, jnp.nan, quad)
+    logdet = jnp.where(event == EVENT_NONFINITE, jnp.nan, logdet)
+    return (quad, logdet, event), (L, A)
+
+
+@jax.custom_vjp
+def _quad_logdet_native(M, V):
+    return _native_forward(M, V)[0]
+
+
+def _native_bwd(res, cts):
+    L, A = res
+    gq, gl, _ = cts
+    n = L.shape[0]
+    Linv = jax.scipy.linalg.solve_triangular(L, jnp.eye(n, dtype=L.dtype), lower=True)
+    Minv = Linv.T @ Linv
+    dM = gl * Minv - gq * (A @ A.T)
+    dM = 0.5 * (dM + dM.T)
+    return dM, 2.0 * gq * A
+
+
+_quad_logdet_native.defvjp(_native_forward, _native_bwd)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Public entry point
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _resolve(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"quad_logdet: method must be one of {METHODS}, got {method!r}")
+    if method == "auto":
+        return "callback" if jax.default_backend() == "cpu" else "native"
+    return method
+
+
+def quad_logdet(M, V, *, method: str = "auto", guard_memory: bool = True):
+    """Guarded ``(tr(V^T M^-1 V), log|M|, event)`` for symmetric positive definite ``M``.
+
+    Args:
+        M: (n, n) symmetric positive definite, float64 (read as ``(M + M^T)/2``).
+        V: (n,) or (n, r) float64 right-hand sides.
+        method: ``"auto"`` (callback on the CPU platform, native elsewhere), ``"callback"`` or ``"native"``.
+        guard_memory: predict the peak bytes at trace time and refuse (``MemoryGuardError``) when they exceed
+            free memory (or ``MSRM_MEMORY_LIMIT_BYTES``).
+    Returns:
+        quad: () float64, ``sum(V * M^{-1} V)``.
+        logdet: () float64, ``log|M|``.
+        event: () int32 guard code (0 plain, k>0 jitter rung, -1 eigen fallback, -2 non-finite input).
+    Raises:
+        ValueError: wrong rank, shapes or dtype (checked before any numerics).
+    """
+    method = _resolve(method)
+    M = jnp.asarray(M)
+    V = jnp.asarray(V)
+    if M.ndim != 2 or M.shape[0] != M.shape[1]:
+        raise ValueError(f"quad_logdet: M must be a square (n, n) matrix, got shape {M.shape}")
+    if V.ndim not in (1, 2) or V.shape[0] != M.shape[0]:
+        raise ValueError(f"quad_logdet: V must be (n,) or (n, r) with n = {M.shape[0]}, got shape {V.shape}")
+    for name, x in (("M", M), ("V", V)):
+        if x.dtype != jnp.float64:
+            raise ValueError(
+                f"quad_logdet: {name} must be float64 (call msrm.runtime.enable_x64() first), got {x.dtype}"
+            )
+    n = M.shape[0]
+    Vm = V[:, None] if V.ndim == 1 else V
+    if guard_memory:
+        device = None if method == "callback" else jax.devices()[0]
+        memory.check_memory(
+            memory.predict_peak_bytes(n, Vm.shape[1]),
+            what=f"the guarded factorization of dimension {n}",
+            dim=n,
+            device=device,
+        )
+    Ms = 0.5 * (M + M.T)
+    fn = _quad_logdet_callback if method == "callback" else _quad_logdet_native
+    return fn(Ms, Vm)
