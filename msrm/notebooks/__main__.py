@@ -1,0 +1,78 @@
+"""Command line: ``python -m msrm.notebooks run|check-book|label``.
+
+    python -m msrm.notebooks run --profile quick --device auto [--only NAME ...] [--timeout S] [--results DIR]
+    python -m msrm.notebooks check-book _build/html [--results DIR]
+    python -m msrm.notebooks label --device auto
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .device import DEVICES
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m msrm.notebooks", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="execute the notebooks into results/<device-label>/<profile>/")
+    run.add_argument("--profile", default="quick", choices=("quick", "note", "full", "smoke"))
+    run.add_argument("--device", default="auto", choices=DEVICES)
+    run.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems to run (e.g. inventory)")
+    run.add_argument("--timeout", type=float, default=None, help="seconds per notebook (default: per profile)")
+    run.add_argument("--results", default=None, help="results root (default: <repo>/results)")
+    run.add_argument("--notebooks", default=None, help="notebooks folder (default: <repo>/notebooks)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    chk = sub.add_parser("check-book", help="open the built HTML in headless Chromium and check it")
+    chk.add_argument("html", help="the built book, e.g. _build/html")
+    chk.add_argument("--results", default=None, help="results roots the book was built from (os.pathsep list)")
+    chk.add_argument("--chromium", default="/usr/bin/chromium")
+
+    lab = sub.add_parser("label", help="print this machine's device label")
+    lab.add_argument("--device", default="auto", choices=DEVICES)
+
+    ex = sub.add_parser("_execute", help=argparse.SUPPRESS)
+    ex.add_argument("--input", required=True)
+    ex.add_argument("--output", required=True)
+    ex.add_argument("--cwd", required=True)
+    ex.add_argument("--parameters", required=True)
+    ex.add_argument("--error-file", required=True)
+    ex.add_argument("--timeout", type=float, required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "_execute":
+        from ._execute import execute
+
+        return execute(args.input, args.output, args.cwd, json.loads(args.parameters), args.error_file, args.timeout)
+    if args.command == "label":
+        from .device import device_label
+
+        print(device_label(args.device))
+        return 0
+    if args.command == "check-book":
+        from .check_book import check_book
+
+        report = check_book(args.html, results=args.results, chromium=args.chromium)
+        print(report.summary())
+        return 0 if report.ok else 1
+    from .runner import run_notebooks
+
+    try:
+        results = run_notebooks(profile=args.profile, device=args.device, only=args.only, timeout=args.timeout,
+                                results=args.results, notebooks_dir=args.notebooks, progress=not args.no_progress)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    n_failed = sum(r.status != "ok" for r in results)
+    print(f"{len(results) - n_failed} notebooks ok, {n_failed} failed", file=sys.stderr)
+    return 0 if n_failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Execute the parameterised notebooks with papermill, one isolated child process per notebook.
+
+For each ``notebooks/NN_<stem>.ipynb`` (sorted) the runner:
+
+1. makes a temporary folder ``results/<label>/<profile>/.<stem>.tmp-*``;
+2. starts a child Python (``python -m msrm.notebooks _execute``) that calls ``papermill.execute_notebook`` with
+   ``kernel_name="python3"``, ``cwd`` = the repository root and the parameters ``profile``, ``device`` and
+   ``out_dir`` (the temporary folder); the child is killed, with its process group, past the time limit;
+3. on success (papermill finished and the notebook wrote ``rows.jsonl``) swaps the temporary folder into
+   ``results/<label>/<profile>/<stem>/``; on failure leaves any earlier ``<stem>/`` untouched and moves the
+   attempt to ``<stem>.failed/`` beside it.
+
+Each folder gets a ``status.json`` (ok/failed, error text, wall time, ``execution_info``). One failing notebook
+never stops the others; :func:`run_notebooks` returns every result and the CLI's exit code says whether all passed.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+from .. import _atomic
+from ..runtime import execution_info
+from .device import resolve_device
+
+__all__ = ["ROOT", "PROFILES", "NotebookResult", "discover", "notebook_stem", "run_notebook", "run_notebooks"]
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILES = ("smoke", "quick", "note", "full")
+DEFAULT_TIMEOUT_S = {"smoke": 300.0, "quick": 900.0, "note": 5400.0, "full": 6 * 3600.0}
+
+
+class NotebookResult(NamedTuple):
+    """What happened to one notebook.
+
+    Attributes:
+        stem: notebook name without the number prefix (``"inventory"``), also the results folder name.
+        status: ``"ok"`` or ``"failed"``.
+        folder: where its results are now (``<stem>/`` on success, ``<stem>.failed/`` on failure).
+        wall_s: seconds from start to finish of the child process.
+        error: error text (``None`` when ok).
+    """
+
+    stem: str
+    status: str
+    folder: Path
+    wall_s: float
+    error: str | None
+
+
+def notebook_stem(path: str | Path) -> str:
+    """``00_inventory.ipynb`` -> ``inventory`` (the number prefix orders notebooks, the rest names the chapter)."""
+    return re.sub(r"^\d+[_-]", "", Path(path).stem)
+
+
+def discover(notebooks_dir: str | Path, only: Sequence[str] | None = None) -> list[Path]:
+    """The notebooks to run, sorted by file name; ``only`` filters by stem (``inventory``) or file stem.
+
+    Raises:
+        ValueError: the folder is missing, holds no notebook, or a name in ``only`` matches none.
+    """
+    folder = Path(notebooks_dir)
+    if not folder.is_dir():
+        raise ValueError(f"notebooks folder {str(folder)!r} does not exist")
+    paths = sorted(p for p in folder.glob("*.ipynb") if not p.name.startswith("."))
+    if not paths:
+        raise ValueError(f"notebooks folder {str(folder)!r} holds no .ipynb file")
+    if not only:
+        return paths
+    names = {p: {p.stem, notebook_stem(p)} for p in paths}
+    unknown = [n for n in only if not any(n in v for v in names.values())]
+    if unknown:
+        avail = ", ".join(notebook_stem(p) for p in paths)
+        raise ValueError(f"--only {', '.join(unknown)}: no such notebook (available: {avail})")
+    return [p for p in paths if names[p] & set(only)]
+
+
+def _child_env(platform: str) -> dict[str, str]:
+    env = dict(os.environ)
+    if platform == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+    else:
+        env.pop("JAX_PLATFORMS", None)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env["PYTHONUNBUFFERED"] = "1"
+    # the kernel must import this checkout's msrm even when it is not installed
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Stop the child we started and its process group: SIGTERM, then SIGKILL after a grace period."""
+    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _read_error(tmp: Path, stderr_tail: str) -> str:
+    err_file = tmp / "error.json"
+    if err_file.exists():
+        with contextlib.suppress(ValueError, OSError):
+            err = json.loads(err_file.read_text())
+            return f"{err.get('type')}: {err.get('message')}".strip()
+    return stderr_tail.strip()[-2000:] or "the notebook process failed without an error message"
+
+
+def run_notebook(
+    path: str | Path,
+    *,
+    profile: str,
+    platform: str,
+    label: str,
+    results: str | Path,
+    timeout: float | None = None,
+) -> NotebookResult:
+    """Execute one notebook into ``results/<label>/<profile>/<stem>/`` (see the module docstring).
+
+    Args:
+        path: the ``.ipynb`` to run.
+        profile: one of :data:`PROFILES`, passed to the notebook's ``profile`` parameter.
+        platform: ``"cpu"`` or ``"cuda"``, passed as the ``device`` parameter (and ``JAX_PLATFORMS=cpu`` for CPU).
+        label: the device label, the first folder level under ``results``.
+        results: the results root.
+        timeout: seconds for the whole notebook; ``None`` uses the profile's default.
+    """
+    path = Path(path).resolve()
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+    if platform not in ("cpu", "cuda"):
+        raise ValueError(f"platform must be 'cpu' or 'cuda', got {platform!r}")
+    timeout = DEFAULT_TIMEOUT_S[profile] if timeout is None else float(timeout)
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+    stem = notebook_stem(path)
+    base = Path(results).resolve() / label / profile
+    base.mkdir(parents=True, exist_ok=True)
+    final, failed = base / stem, base / f"{stem}.failed"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{stem}.tmp-", dir=base))
+    parameters = {"profile": profile, "device": platform, "out_dir": str(tmp)}
+    cmd = [sys.executable, "-m", "msrm.notebooks", "_execute", "--input", str(path),
+           "--output", str(tmp / "executed.ipynb"), "--cwd", str(ROOT), "--parameters", json.dumps(parameters),
+           "--error-file", str(tmp / "error.json"), "--timeout", str(timeout)]
+    started = time.time()
+    t0 = time.perf_counter()
+    error: str | None = None
+    try:
+        with tempfile.TemporaryFile(mode="w+") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(platform), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                rc = None
+            except BaseException:
+                _kill_group(proc)
+                raise
+            log.seek(0)
+            tail = log.read()[-4000:]
+        wall = time.perf_counter() - t0
+        if rc is None:
+            error = f"time limit: the notebook ran past {timeout:g} s and was stopped"
+        elif rc != 0:
+            error = _read_error(tmp, tail)
+        elif not (tmp / "rows.jsonl").is_file():
+            error = f"the notebook finished but wrote no rows.jsonl into out_dir ({stem})"
+        status = {
+            "notebook": stem, "file": path.name, "profile": profile, "device": platform, "label": label,
+            "status": "ok" if error is None else "failed", "error": error, "wall_s": round(wall, 3),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "parameters": {k: v for k, v in parameters.items() if k != "out_dir"},
+            "previous_results_kept": error is not None and final.exists(),
+            "execution_info": execution_info(include_jax=False),
+        }
+        _atomic.write_json(tmp / "status.json", status)
+        if error is None:
+            _swap_in(tmp, final)
+            shutil.rmtree(failed, ignore_errors=True)
+            return NotebookResult(stem, "ok", final, wall, None)
+        shutil.rmtree(failed, ignore_errors=True)
+        os.replace(tmp, failed)
+        return NotebookResult(stem, "failed", failed, wall, error)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """Put ``tmp`` at ``final``; an existing ``final`` is renamed aside first and removed only after the swap."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}-{time.time_ns()}")
+        os.replace(final, old)
+    try:
+        os.replace(tmp, final)
+    except BaseException:
+        if old is not None:
+            os.replace(old, final)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def run_notebooks(
+    *,
+    profile: str = "quick",
+    device: str = "auto",
+    only: Sequence[str] | None = None,
+    timeout: float | None = None,
+    results: str | Path | None = None,
+    notebooks_dir: str | Path | None = None,
+    progress: bool = True,
+) -> list[NotebookResult]:
+    """Run every notebook (or those named in ``only``) for one profile on this machine's device.
+
+    Returns one :class:`NotebookResult` per notebook, in order; failures are recorded, never raised.
+    """
+    from tqdm.auto import tqdm
+
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+    paths = discover(ROOT / "notebooks" if notebooks_dir is None else notebooks_dir, only)
+    platform, label = resolve_device(device)
+    results = ROOT / "results" if results is None else Path(results)
+    out: list[NotebookResult] = []
+    bar = tqdm(paths, desc=f"{label}/{profile}", unit="notebook", disable=not progress, file=sys.stderr)
+    for p in bar:
+        bar.set_postfix_str(notebook_stem(p))
+        res = run_notebook(p, profile=profile, platform=platform, label=label, results=results, timeout=timeout)
+        out.append(res)
+        bar.write(f"{res.status:6s} {res.stem:24s} {res.wall_s:8.1f} s  {res.folder}"
+                  + (f"\n       {res.error.splitlines()[-1] if res.error else ''}" if res.error else ""),
+                  file=sys.stderr)
+    return out
