@@ -15,7 +15,7 @@ Three forms, one definition:
 
 The fixed window of a Gaussian response covers ``[t - lag_max - 7.5 sigma_max, t - lag_min + 7.5 sigma_max]``,
 so for every allowed (lag, width) it holds every grid point within 7.5 sigma of the centre; what it drops is below
-``exp(-7.5^2/2) = 6.4e-13`` of the row's largest weight. The density stays smooth in theta (no hard cut-off that
+``exp(-7.5^2/2) = 6.1e-13`` of the row's largest weight. The density stays smooth in theta (no hard cut-off that
 moves with theta).
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 __all__ = ["Response", "Identity", "GaussianLag", "GaussianWidthLag", "WINDOW_SIGMAS"]
 
-# Fixed windows keep every grid point within WINDOW_SIGMAS widths of the centre: exp(-7.5^2 / 2) = 6.4e-13, so
+# Fixed windows keep every grid point within WINDOW_SIGMAS widths of the centre: exp(-7.5^2 / 2) = 6.1e-13, so
 # the weights a window drops are below 1e-12 of the row's largest weight for every allowed (lag, width).
 WINDOW_SIGMAS = 7.5
 
