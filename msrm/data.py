@@ -239,3 +239,42 @@ class Dataset:
         return f"Dataset(runs={len(self.runs)}, streams={list(self.stream_keys)})"
 
 
+
+
+def split_run(run: Run, n_pieces: int) -> list[Run]:
+    """Cut one run into ``n_pieces`` consecutive runs of equal duration (recordings split at their boundaries).
+
+    Each stream's samples are assigned to the piece whose span ``[t0, t1)`` holds them (the last piece includes
+    its end); the stream keeps its clock (``dt``), and its offset becomes the first sample's time minus ``t0``.
+
+    Args:
+        run: the run to cut.
+        n_pieces: number of pieces (>= 1).
+    Returns:
+        list of Runs, each of duration ``run.duration / n_pieces``.
+    """
+    if isinstance(n_pieces, bool) or not isinstance(n_pieces, (int, np.integer)) or n_pieces < 1:
+        raise ValueError(f"n_pieces must be a positive integer, got {n_pieces!r}")
+    piece = run.duration / n_pieces
+    out = []
+    for p in range(n_pieces):
+        t0, t1 = p * piece, (p + 1) * piece
+        streams = []
+        for s in run.streams:
+            t = s.times
+            inside = (t >= t0 - _TIME_TOL) & ((t < t1 - _TIME_TOL) | (p == n_pieces - 1))
+            idx = np.flatnonzero(inside)
+            if idx.size == 0:
+                continue
+            values = s.values[idx]
+            observed = ~np.isnan(values)
+            if not observed.any(axis=0).all():
+                raise ValueError(
+                    f"stream {s.key}: a feature has no observed value in piece {p} of the split; "
+                    f"use fewer pieces"
+                )
+            streams.append(
+                Stream(s.participant, s.modality, s.dt, values, offset=max(0.0, float(t[idx[0]] - t0)))
+            )
+        out.append(Run(duration=piece, streams=streams))
+    return out

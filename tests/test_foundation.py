@@ -282,3 +282,20 @@ def test_oversubscription_warning():
 def test_window_rule_constant():
     # the window reaches 7.5 sigma: what it can drop is below 1e-12 of a row's largest weight
     assert math.exp(-msrm.responses.WINDOW_SIGMAS ** 2 / 2) < 1e-12
+
+
+def test_split_run_partitions_samples():
+    from msrm.data import split_run
+
+    data, _ = data_synth.synthetic_dataset("tiny", n_features=3, duration_scale=4.0)
+    run = data.runs[0]
+    pieces = split_run(run, 4)
+    assert len(pieces) == 4 and all(p.duration == pytest.approx(run.duration / 4) for p in pieces)
+    for s in run.streams:
+        parts = [p.stream(s.key) for p in pieces if s.key in p.keys]
+        np.testing.assert_array_equal(np.concatenate([q.values for q in parts]), s.values)
+        times = np.concatenate([q.times + i * run.duration / 4 for i, q in enumerate(parts)])
+        np.testing.assert_allclose(times, s.times, atol=1e-9)
+    msrm.Dataset(pieces)  # same streams, same features: a valid multi-run dataset
+    with pytest.raises(ValueError, match="n_pieces"):
+        split_run(run, 0)
