@@ -1,0 +1,353 @@
+"""Load measured results and render them for the book's chapters.
+
+Results live in ``results/<device>/<profile>/<notebook>/rows.jsonl`` (rows from :func:`msrm.bench.rows.make_row`),
+with PNG figures beside them. Chapters call:
+
+    df = load_results()                                   # every row of every device and profile
+    show_table(device_table(df, "linalg", metric="median_s", index=["experiment", "n"]))
+    show_figures("linalg", caption="Cholesky time against size")
+    glue("chol_cpu", fmt(value, "s"))                     # prose numbers through myst_nb.glue
+
+Which results roots are read: the ``root`` argument, else the ``MSRM_RESULTS`` environment variable
+(``os.pathsep``-separated folders; the book test uses it to add smoke results from a temporary folder), else
+``<repo>/results``. The note's own published figures come only from :func:`reference_rows`, labelled
+"note, 2026-09-21". Nothing here imports JAX.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import pandas as pd
+
+__all__ = [
+    "ROOT", "REFERENCE_LABEL", "NOT_MEASURED", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
+    "device_summary", "reference_rows", "figure_paths", "fmt", "show_table", "figure_markdown", "show_figures",
+    "devices_in", "param_columns", "render_notebook", "pick",
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE_LABEL = "note, 2026-09-21"
+NOT_MEASURED = "not yet measured"
+# Preferred profile when a device has several: the note's scale first, then full recordings, then quick.
+PROFILE_ORDER = ("note", "full", "quick", "smoke")
+BASE_COLUMNS = ("device", "profile", "notebook", "experiment", "metric", "value", "unit", "status")
+INFO_COLUMNS = ("backend", "device_kind", "cpu_model", "physical_cores", "blas_kernel", "blas_threads", "jax",
+                "git_commit", "timestamp")
+_STATUS_TEXT = {"not_yet_measured": NOT_MEASURED, "refused": "refused", "error": "error"}
+
+
+def results_roots(root: str | Path | Sequence[str | Path] | None = None) -> list[Path]:
+    """The results folders to read (see the module docstring for the order of precedence)."""
+    if root is None:
+        env = os.environ.get("MSRM_RESULTS")
+        roots: Iterable = env.split(os.pathsep) if env else [ROOT / "results"]
+    elif isinstance(root, (str, Path)):
+        roots = [root]
+    else:
+        roots = root
+    return [Path(r) for r in roots if str(r)]
+
+
+def _result_folders(roots: list[Path]):
+    for r in roots:
+        if not r.is_dir():
+            continue
+        for rows in sorted(r.glob("*/*/*/rows.jsonl")):
+            folder = rows.parent
+            if any(p.startswith(".") for p in folder.relative_to(r).parts) or folder.name.endswith(".failed"):
+                continue
+            yield folder.parent.parent.name, folder.parent.name, folder
+
+
+def load_results(root: str | Path | Sequence[str | Path] | None = None) -> pd.DataFrame:
+    """Every results row as a DataFrame.
+
+    Columns: ``device, profile, notebook, experiment, metric, value, unit, status``, then each row's params
+    flattened to its own column (``param_<name>`` if the name clashes with a base column), then
+    ``info_<name>`` for a few ``execution_info`` fields (backend, device_kind, cpu_model, physical_cores,
+    blas_kernel, blas_threads, jax, git_commit, timestamp). Torn or foreign lines are skipped.
+    """
+    records = []
+    for device, profile, folder in _result_folders(results_roots(root)):
+        for line in (folder / "rows.jsonl").read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(row, dict) or "metric" not in row:
+                continue
+            rec = {
+                "device": device, "profile": profile, "notebook": row.get("notebook", folder.name),
+                "experiment": row.get("experiment"), "metric": row.get("metric"), "value": row.get("value"),
+                "unit": row.get("unit"), "status": row.get("status", "measured"),
+            }
+            for k, v in (row.get("params") or {}).items():
+                rec[f"param_{k}" if k in BASE_COLUMNS or k.startswith("info_") else k] = v
+            info = row.get("execution_info") or {}
+            for k in INFO_COLUMNS:
+                rec[f"info_{k}"] = info.get(k)
+            records.append(rec)
+    if not records:
+        return pd.DataFrame(columns=list(BASE_COLUMNS) + [f"info_{k}" for k in INFO_COLUMNS])
+    return pd.DataFrame.from_records(records)
+
+
+def devices_in(df: pd.DataFrame, notebook: str | None = None) -> list[str]:
+    """Sorted device labels present in ``df`` (for one notebook if given)."""
+    if notebook is not None:
+        df = df[df["notebook"] == notebook]
+    return sorted(df["device"].dropna().unique().tolist())
+
+
+def _preferred(df: pd.DataFrame) -> pd.DataFrame:
+    """Keep, per device and notebook, only the most preferred profile present (note > full > quick > smoke)."""
+    if df.empty:
+        return df
+    rank = {p: i for i, p in enumerate(PROFILE_ORDER)}
+    r = df["profile"].map(lambda p: rank.get(p, len(rank)))
+    best = r.groupby([df["device"], df["notebook"]]).transform("min")
+    return df[r == best]
+
+
+def _cell(status: str, value) -> object:
+    if status == "measured" and value is not None and not (isinstance(value, float) and math.isnan(value)):
+        return value
+    return _STATUS_TEXT.get(status, NOT_MEASURED)
+
+
+def _label(v) -> object:
+    """Index labels: NaN -> "", integral floats (pandas' upcast of int params) -> int."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def device_table(
+    df: pd.DataFrame,
+    notebook: str,
+    experiment: str | Sequence[str] | None = None,
+    metric: str | Sequence[str] | None = None,
+    index: Sequence[str] = ("experiment", "metric", "unit"),
+    *,
+    all_profiles: bool = False,
+    devices: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Side-by-side table of one notebook's rows: one column per device (or device and profile).
+
+    Args:
+        df: from :func:`load_results`.
+        notebook: the notebook stem.
+        experiment, metric: keep only these (a name or a list).
+        index: row labels, any columns of ``df`` (params included).
+        all_profiles: one column per (device, profile) instead of the preferred profile per device.
+        devices: columns to show even when they have no row (then "not yet measured").
+
+    Returns:
+        A DataFrame indexed by ``index``; cells hold the measured value or "not yet measured" (status
+        ``not_yet_measured`` or no row at all), "refused" or "error". When one cell has several rows the
+        latest (by ``info_timestamp``) wins.
+    """
+    sub = df[df["notebook"] == notebook] if "notebook" in df else df.iloc[0:0]
+    for col, want in (("experiment", experiment), ("metric", metric)):
+        if want is not None:
+            sub = sub[sub[col].isin([want] if isinstance(want, str) else list(want))]
+    index = list(index)
+    missing = [c for c in index if c not in df.columns]
+    if missing:
+        raise KeyError(f"device_table({notebook!r}): index columns {missing} are not in the results "
+                       f"(columns: {sorted(map(str, df.columns))})")
+    if not all_profiles:
+        sub = _preferred(sub)
+    sub = sub.copy()
+    sub["column"] = sub["device"] if not all_profiles else sub["device"] + " (" + sub["profile"] + ")"
+    if "info_timestamp" in sub:
+        sub = sub.sort_values("info_timestamp", na_position="first", kind="stable")
+    sub["cell"] = [_cell(s, v) for s, v in zip(sub["status"], sub["value"])]
+    columns = sorted(set(sub["column"]) | set(devices or ()))
+    if sub.empty:
+        return pd.DataFrame(NOT_MEASURED, index=pd.Index([NOT_MEASURED], name="experiment"), columns=columns or
+                            [NOT_MEASURED])
+    for c in index:
+        sub[c] = [_label(v) for v in sub[c]]
+    table = sub.groupby(index + ["column"], sort=False, dropna=False)["cell"].last().unstack("column")
+    table = table.reindex(columns=columns).astype(object)
+    table = table.where(table.notna(), NOT_MEASURED)
+    table.columns.name = None
+    return table
+
+
+def device_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per device: profiles present, CPU model, cores, backend, device kind, BLAS kernel, JAX, commit."""
+    if df.empty:
+        return pd.DataFrame(columns=["device", "profiles", "rows"])
+    out = []
+    for device, g in df.groupby("device", sort=True):
+        last = g.sort_values("info_timestamp", na_position="first").iloc[-1]
+        out.append({
+            "device": device,
+            "profiles": ", ".join(p for p in PROFILE_ORDER if p in set(g["profile"])) or ", ".join(sorted(set(g["profile"]))),
+            "rows": len(g),
+            "backend": last.get("info_backend"), "device kind": last.get("info_device_kind"),
+            "CPU": last.get("info_cpu_model"), "physical cores": last.get("info_physical_cores"),
+            "BLAS kernel": last.get("info_blas_kernel"), "jax": last.get("info_jax"),
+            "commit": (str(last.get("info_git_commit") or "")[:12]) or None,
+            "measured": str(last.get("info_timestamp") or "")[:10] or None,
+        })
+    return pd.DataFrame(out).set_index("device")
+
+
+def reference_rows(section: str | None = None, path: str | Path | None = None) -> pd.DataFrame:
+    """The note's published figures for a section (``summary``, ``linalg``, ``rmsrm``, ...), labelled as such.
+
+    Columns: ``source`` ("note, 2026-09-21"), section, metric, device, value (as published, may be a range or
+    "~1"), unit, context. Raises KeyError for a section the file does not have.
+    """
+    path = ROOT / "note" / "reference_figures.csv" if path is None else Path(path)
+    ref = pd.read_csv(path, dtype=str, keep_default_na=False)
+    if section is not None:
+        if section not in set(ref["section"]):
+            raise KeyError(f"reference_rows: section {section!r} is not in {path.name} "
+                           f"(sections: {sorted(set(ref['section']))})")
+        ref = ref[ref["section"] == section]
+    ref = ref.copy()
+    ref.insert(0, "source", REFERENCE_LABEL)
+    return ref.reset_index(drop=True)
+
+
+def figure_paths(notebook: str, root=None, *, all_profiles: bool = False) -> list[tuple[str, str, Path]]:
+    """PNG figures of a notebook: ``(device, profile, path)`` sorted by device then file name.
+
+    Only the preferred profile per device unless ``all_profiles``.
+    """
+    found: dict[str, list[tuple[str, Path]]] = {}
+    for device, profile, folder in _result_folders(results_roots(root)):
+        if folder.name != notebook:
+            continue
+        for png in sorted(folder.glob("*.png")):
+            found.setdefault(device, []).append((profile, png))
+    rank = {p: i for i, p in enumerate(PROFILE_ORDER)}
+    out = []
+    for device in sorted(found):
+        items = found[device]
+        if not all_profiles:
+            best = min(rank.get(p, len(rank)) for p, _ in items)
+            items = [(p, f) for p, f in items if rank.get(p, len(rank)) == best]
+        out.extend((device, p, f) for p, f in items)
+    return out
+
+
+def fmt(value, unit: str | None = None, digits: int = 3) -> str:
+    """A number for prose: 3 significant digits, thousands separators for large integers, the unit after a
+    space; ``None``/NaN become "not yet measured". Use with ``myst_nb.glue(name, fmt(v, "s"), display=False)``.
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)) or isinstance(value, str):
+        return value if isinstance(value, str) and value else NOT_MEASURED
+    v = float(value)
+    if v.is_integer() and abs(v) >= 1000:
+        text = f"{int(v):,}"
+    elif v == 0 or 1e-3 <= abs(v) < 1e6:
+        text = f"{v:.{digits}g}"
+        if "e" in text:
+            text = f"{v:,.0f}"
+    else:
+        text = f"{v:.{digits - 1}e}"
+    return f"{text} {unit}" if unit else text
+
+
+def _format_cell(v) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, float):
+        return fmt(v)
+    return str(v)
+
+
+def show_table(table: pd.DataFrame, caption: str | None = None, *, kind: str = "device"):
+    """Display a table as HTML with the class ``msrm-<kind>-table`` (the rendered-book check looks for it)."""
+    from IPython.display import HTML, display
+
+    html = table.map(_format_cell).to_html(classes=["msrm-table", f"msrm-{kind}-table"], na_rep=NOT_MEASURED,
+                                           escape=True, border=0)
+    if caption:
+        html = html.replace(">\n  <thead>", f">\n  <caption>{caption}</caption>\n  <thead>", 1)
+    display(HTML(html))
+
+
+def figure_markdown(path: Path, name: str, caption: str, base: Path | None = None, width: str = "90%") -> str:
+    """A MyST ``{figure}`` directive for a saved PNG (numbered, referencable by ``name``)."""
+    base = Path.cwd() if base is None else base
+    rel = os.path.relpath(Path(path).resolve(), base.resolve())
+    return f"```{{figure}} {rel}\n:name: {name}\n:width: {width}\n\n{caption}\n```\n"
+
+
+def show_figures(notebook: str, caption: str, root=None, *, name: str | None = None, all_profiles: bool = False) -> int:
+    """Display every PNG of a notebook, per device, as numbered MyST figures. Returns how many were shown.
+
+    The markdown output is parsed as MyST by myst-nb (``nb_render_markdown_format: myst``), so the figures are
+    numbered and copied into the built book like any other image.
+    """
+    from IPython.display import Markdown, display
+
+    shown = 0
+    for device, profile, png in figure_paths(notebook, root, all_profiles=all_profiles):
+        label = f"fig-{name or notebook}-{device}-{profile}-{png.stem}".replace("_", "-")
+        display(Markdown(figure_markdown(png, label, f"{caption} ({png.stem}; {device}, {profile} profile).")))
+        shown += 1
+    if not shown:
+        display(Markdown(f"*No figure of `{notebook}` yet: {NOT_MEASURED} on any device.*"))
+    return shown
+
+
+def param_columns(df: pd.DataFrame, notebook: str, experiment: str | None = None) -> list[str]:
+    """The params columns that carry a value for a notebook's (experiment's) rows, in column order."""
+    sub = df[df["notebook"] == notebook]
+    if experiment is not None:
+        sub = sub[sub["experiment"] == experiment]
+    fixed = set(BASE_COLUMNS) | {c for c in df.columns if str(c).startswith("info_")}
+    return [c for c in df.columns if c not in fixed and sub[c].notna().any()]
+
+
+def render_notebook(notebook: str, *, reference_sections: Sequence[str] = (), caption: str | None = None,
+                    df: pd.DataFrame | None = None) -> None:
+    """Render everything measured for one notebook: a device table per experiment, its figures per device,
+    and the note's reference rows for the given sections. Used by chapters that have no bespoke layout yet.
+    """
+    from IPython.display import Markdown, display
+
+    df = load_results() if df is None else df
+    sub = df[df["notebook"] == notebook]
+    if sub.empty:
+        display(Markdown(f"*`{notebook}`: {NOT_MEASURED} on any device (no results rows yet).*"))
+    for experiment in dict.fromkeys(sub["experiment"]):
+        index = ["metric", "unit"] + param_columns(df, notebook, experiment)
+        show_table(device_table(df, notebook, experiment=experiment, index=index),
+                   caption=f"{notebook}: {experiment}")
+    show_figures(notebook, caption or f"{notebook}")
+    for section in reference_sections:
+        show_table(reference_rows(section).drop(columns=["section"]), caption=f"Reference figures ({REFERENCE_LABEL}):"
+                   f" {section}", kind="reference")
+
+
+def pick(df: pd.DataFrame, notebook: str, experiment: str, metric: str, **params) -> tuple[object, str | None, str | None]:
+    """One measured value for prose: ``(value, device, profile)`` from the most preferred profile present (then
+    the first device by name); ``(None, None, None)`` when nothing was measured. ``params`` filter rows by value.
+    """
+    sub = df[(df["notebook"] == notebook) & (df["experiment"] == experiment) & (df["metric"] == metric)
+             & (df["status"] == "measured")]
+    for k, v in params.items():
+        if k not in sub.columns:
+            return None, None, None
+        sub = sub[sub[k] == v]
+    if sub.empty:
+        return None, None, None
+    rank = {p: i for i, p in enumerate(PROFILE_ORDER)}
+    sub = sub.assign(_rank=sub["profile"].map(lambda p: rank.get(p, len(rank))))
+    sub = sub.sort_values(["_rank", "device", "info_timestamp"], ascending=[True, True, False], kind="stable")
+    row = sub.iloc[0]
+    return row["value"], row["device"], row["profile"]

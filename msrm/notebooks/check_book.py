@@ -1,0 +1,198 @@
+"""Check the built book in headless Chromium: ``python -m msrm.notebooks check-book _build/html``.
+
+The HTML is served by ``http.server`` on 127.0.0.1; Playwright opens every page and checks that
+
+- every image loaded (``naturalWidth > 0``);
+- the device tables exist: every device present in the results appears as a column of some device table, and the
+  device inventory table (``msrm-inventory-table``) has a row for each device;
+- maths rendered: pages with maths hold MathJax output (``mjx-container``) and no raw ``\\(`` source is left;
+- no request left 127.0.0.1 (anything else is recorded and aborted), and no local request failed.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+__all__ = ["CHROMIUM_ARGS", "BookReport", "check_book", "serve"]
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+_LOCAL_SCHEMES = ("data", "blob", "about")
+
+
+@dataclass
+class BookReport:
+    """What the browser saw. ``ok`` is True when ``failures`` is empty."""
+
+    pages: int = 0
+    images: int = 0
+    device_tables: int = 0
+    math_pages: int = 0
+    devices: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        head = (f"book check: {self.pages} pages, {self.images} images, {self.device_tables} device tables, "
+                f"{self.math_pages} pages with maths, {len(self.requests)} requests, devices {self.devices}")
+        if self.ok:
+            return head + "\nall checks passed"
+        return head + "\n" + "\n".join(f"FAIL {f}" for f in self.failures)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # noqa: D401 - silence the per-request log
+        pass
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):  # a browser closing a connection early is not an error
+        pass
+
+
+def serve(folder: str | Path) -> tuple[_Server, str]:
+    """Serve ``folder`` on 127.0.0.1 (a free port) in a daemon thread; returns ``(server, base_url)``."""
+    handler = functools.partial(_Quiet, directory=str(folder))
+    server = _Server(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+_PAGE_JS = """async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) { await MathJax.startup.promise; }
+  const imgs = Array.from(document.images);
+  for (const img of imgs) { img.loading = 'eager'; try { await img.decode(); } catch (e) {} }
+  const tables = Array.from(document.querySelectorAll('table.msrm-device-table, table.msrm-inventory-table'));
+  return {
+    images: imgs.map(i => ({src: i.currentSrc || i.src, w: i.naturalWidth})),
+    tables: tables.map(t => ({
+      kind: t.classList.contains('msrm-inventory-table') ? 'inventory' : 'device',
+      head: Array.from(t.querySelectorAll('thead th')).map(th => th.textContent.trim()),
+      rows: Array.from(t.querySelectorAll('tbody tr')).map(tr => {
+        const th = tr.querySelector('th'); return th ? th.textContent.trim() : ''; }),
+    })),
+    mathSource: document.querySelectorAll('.math').length,
+    mathOut: document.querySelectorAll('mjx-container').length,
+    rawMath: Array.from(document.querySelectorAll('.math')).filter(
+      e => !e.querySelector('mjx-container') && /\\\\\\(|\\\\\\[/.test(e.textContent)).length,
+  };
+}"""
+
+
+def _evaluate(page, timeout_ms: int) -> dict:
+    """Run the page probe; a page that navigates on load (index.html redirects) is probed where it lands."""
+    from playwright.sync_api import Error
+
+    for attempt in range(3):
+        try:
+            page.wait_for_load_state("networkidle", timeout=timeout_ms)
+            return page.evaluate(_PAGE_JS)
+        except Error as exc:
+            if "context was destroyed" not in str(exc) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def check_book(html: str | Path, *, results=None, chromium: str = "/usr/bin/chromium",
+               timeout_ms: int = 60_000) -> BookReport:
+    """Open every page of the built book in headless Chromium and check it (see the module docstring).
+
+    Args:
+        html: the built HTML folder (``_build/html``).
+        results: results roots the book was built from (default: as :func:`msrm.book.results_roots`).
+        chromium: the Chromium executable.
+    """
+    from playwright.sync_api import sync_playwright
+
+    from .. import book
+
+    html = Path(html)
+    if not (html / "index.html").is_file():
+        raise ValueError(f"html folder {str(html)!r} holds no index.html: build the book first")
+    if not Path(chromium).exists():
+        raise ValueError(f"chromium executable {chromium!r} does not exist")
+    if isinstance(results, str):
+        import os
+
+        results = results.split(os.pathsep)
+    devices = book.devices_in(book.load_results(results))
+    report = BookReport(devices=devices)
+    pages = sorted(p for p in html.rglob("*.html")
+                   if not {"_static", "_sources", "_images"} & set(p.relative_to(html).parts))
+    server, base = serve(html)
+    outside: list[str] = []
+    local_failures: list[str] = []
+    device_heads: set[str] = set()
+    inventory_rows: set[str] = set()
+    n_inventory = 0
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+            context = browser.new_context()
+
+            def route(r):
+                url = r.request.url
+                scheme, host = urlparse(url).scheme, urlparse(url).hostname
+                if scheme in _LOCAL_SCHEMES or host == "127.0.0.1":
+                    r.continue_()
+                else:
+                    outside.append(url)
+                    r.abort()
+
+            context.route("**/*", route)
+            context.on("request", lambda req: report.requests.append(req.url))
+            context.on("response", lambda resp: local_failures.append(f"{resp.status} {resp.url}")
+                       if resp.status >= 400 else None)
+            context.on("requestfailed", lambda req: local_failures.append(f"failed {req.url}")
+                       if urlparse(req.url).hostname == "127.0.0.1" else None)
+            page = context.new_page()
+            for path in pages:
+                rel = path.relative_to(html).as_posix()
+                page.goto(base + rel, wait_until="networkidle", timeout=timeout_ms)
+                seen = _evaluate(page, timeout_ms)
+                report.pages += 1
+                for img in seen["images"]:
+                    report.images += 1
+                    if not img["w"]:
+                        report.failures.append(f"{rel}: image did not load: {img['src']}")
+                for t in seen["tables"]:
+                    if t["kind"] == "device":
+                        report.device_tables += 1
+                        device_heads.update(h.split(" (")[0] for h in t["head"])
+                    else:
+                        n_inventory += 1
+                        inventory_rows.update(t["rows"])
+                if seen["mathSource"]:
+                    report.math_pages += 1
+                    if not seen["mathOut"]:
+                        report.failures.append(f"{rel}: {seen['mathSource']} maths elements but no MathJax output")
+                    if seen["rawMath"]:
+                        report.failures.append(f"{rel}: {seen['rawMath']} maths elements left as raw TeX")
+            browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    if report.math_pages == 0:
+        report.failures.append("no page holds maths: MathJax rendering was not exercised")
+    if devices and report.device_tables == 0:
+        report.failures.append("no device table (table.msrm-device-table) in the book")
+    for d in devices:
+        if d not in device_heads:
+            report.failures.append(f"device {d} has results but is a column of no device table")
+        if n_inventory and d not in inventory_rows:
+            report.failures.append(f"device {d} has results but no row in the device inventory table")
+    if devices and not n_inventory:
+        report.failures.append("no device inventory table (table.msrm-inventory-table) in the book")
+    report.failures.extend(f"request left 127.0.0.1: {u}" for u in dict.fromkeys(outside))
+    report.failures.extend(f"local request failed: {u}" for u in dict.fromkeys(local_failures))
+    return report
