@@ -1,0 +1,146 @@
+"""msrm.diagnostics against ArviZ 0.23 itself (the slow, obviously correct reference), parameter by parameter."""
+from __future__ import annotations
+
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from msrm import diagnostics as diag
+
+az = pytest.importorskip("arviz")
+
+
+def _ar1(rng, C, D, P, phi):
+    e = rng.standard_normal((C, D, P))
+    x = np.empty_like(e)
+    x[:, 0] = e[:, 0]
+    for t in range(1, D):
+        x[:, t] = phi * x[:, t - 1] + e[:, t]
+    return x
+
+
+def _scalar(v):
+    return float(np.asarray(getattr(v, "x", v)))
+
+
+def _arviz_columns(x):
+    """ArviZ's own functions, one parameter at a time."""
+    P = x.shape[2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {
+            "r_hat": np.array([_scalar(az.rhat(x[:, :, p])) for p in range(P)]),
+            "ess_bulk": np.array([_scalar(az.ess(x[:, :, p], method="bulk")) for p in range(P)]),
+            "ess_tail": np.array([_scalar(az.ess(x[:, :, p], method="tail")) for p in range(P)]),
+            "mcse_mean": np.array([_scalar(az.mcse(x[:, :, p], method="mean")) for p in range(P)]),
+            "mcse_sd": np.array([_scalar(az.mcse(x[:, :, p], method="sd")) for p in range(P)]),
+        }
+
+
+def _assert_same(ours, ref, rtol=1e-8):
+    for name, want in ref.items():
+        got = ours[name]
+        assert np.array_equal(np.isnan(got), np.isnan(want)), f"{name}: NaN pattern differs: {got} vs {want}"
+        ok = ~np.isnan(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=rtol, atol=0, err_msg=name)
+
+
+# (chains, draws, params, AR(1) coefficient): iid, strongly autocorrelated (forces the full-length FFT
+# fallback), anti-correlated, odd draw counts, one chain, the 4-draw minimum
+CASES = [
+    (4, 100, 12, 0.0),
+    (2, 51, 12, 0.9),
+    (4, 400, 8, 0.99),
+    (3, 200, 8, -0.6),
+    (1, 40, 6, 0.5),
+    (3, 7, 6, 0.3),
+    (2, 4, 5, 0.0),
+    (3, 5, 5, 0.0),
+    (2, 9, 5, 0.95),
+]
+
+
+@pytest.mark.parametrize("C,D,P,phi", CASES)
+def test_equals_arviz_per_parameter(C, D, P, phi):
+    rng = np.random.default_rng([C, D, P, int(1000 * phi) % 1000])
+    x = _ar1(rng, C, D, P, phi)
+    x[:, :, 0] = 1.5  # constant parameter: ESS = size, R-hat NaN, mcse_sd NaN (ArviZ's handling)
+    x[:, :, 1] = np.round(x[:, :, 1])  # heavy ties: average ranks
+    x[:, :, 2] = np.where(x[:, :, 2] > 0, 1.0, 0.0)  # two values only
+    ours = diag.diagnose_draws(x, block_size=4, num_threads=2)
+    _assert_same(ours, _arviz_columns(x))
+    np.testing.assert_allclose(ours["mean"], x.mean(axis=(0, 1)), rtol=1e-12)
+
+
+def test_nan_draws_give_nan_like_arviz():
+    rng = np.random.default_rng(3)
+    x = _ar1(rng, 2, 30, 3, 0.2)
+    x[1, 5, 1] = np.nan
+    ours = diag.diagnose_draws(x)
+    ref = _arviz_columns(x)
+    _assert_same(ours, ref)
+    assert np.isnan(ours["ess_bulk"][1]) and np.isfinite(ours["ess_bulk"][0])
+
+
+def test_summary_columns_equal_arviz_summary_on_inference_data():
+    rng = np.random.default_rng(7)
+    beta = _ar1(rng, 4, 60, 6, 0.4).reshape(4, 60, 2, 3)
+    scale = np.exp(_ar1(rng, 4, 60, 1, 0.7)[:, :, 0])
+    diverging = np.zeros((4, 60), bool)
+    diverging[1, [3, 9]] = True
+    diverging[3, 0] = True
+    idata = az.from_dict(
+        posterior={"beta": beta, "scale": scale},
+        sample_stats={"diverging": diverging},
+        coords={"feature": ["a", "b"], "factor": [0, 1, 2]},
+        dims={"beta": ["feature", "factor"]},
+    )
+    ours = diag.summarize(idata)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = az.summary(idata, round_to="none")
+    assert list(ours.index) == list(ref.index)  # labels as ArviZ: beta[a, 0], ..., scale
+    for col in ("mean", "sd", "mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat"):
+        np.testing.assert_allclose(ours[col].to_numpy(), ref[col].to_numpy(), rtol=1e-8, err_msg=col)
+    assert ours.attrs["divergences"] == {"num_divergent": 3, "divergent_per_chain": [0, 2, 0, 1], "num_draws": 240}
+    # type-7 quantiles over all draws
+    np.testing.assert_allclose(ours.loc["scale", "q5"], np.quantile(scale, 0.05), rtol=1e-13)
+    np.testing.assert_allclose(ours.loc["scale", "q95"], np.quantile(scale, 0.95), rtol=1e-13)
+    sub = diag.summarize(idata, var_names=["scale"])
+    assert list(sub.index) == ["scale"]
+
+
+def test_short_fft_equals_full_length_fft():
+    rng = np.random.default_rng(11)
+    for phi in (0.0, 0.5, 0.97):
+        y = _ar1(rng, 6, 300, 40, phi).transpose(2, 0, 1).copy()
+        np.testing.assert_allclose(diag._ess(y, short_m=True), diag._ess(y, short_m=False), rtol=1e-10)
+
+
+def test_array_and_dict_inputs_and_errors():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 20, 3))
+    df = diag.summarize(x)
+    assert list(df.index) == ["x[0]", "x[1]", "x[2]"]
+    assert list(df.columns) == list(diag.COLUMNS)
+    df2 = diag.summarize({"w": x})
+    np.testing.assert_array_equal(df2["ess_bulk"].to_numpy(), df["ess_bulk"].to_numpy())
+    with pytest.raises(KeyError, match="var_names: no variable 'nope'"):
+        diag.summarize({"w": x}, var_names=["nope"])
+    with pytest.raises(ValueError, match="draws must have shape"):
+        diag.diagnose_draws(np.zeros((2, 3, 4, 5)))
+    with pytest.raises(ValueError, match="block_size"):
+        diag.diagnose_draws(x, block_size=0)
+    with pytest.raises(ValueError, match="summarize needs"):
+        diag.summarize("not draws")
+
+
+def test_does_not_import_jax():
+    assert "jax" not in diag.__dict__
+    import subprocess
+
+    code = "import msrm.diagnostics, sys; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
