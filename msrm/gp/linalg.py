@@ -162,16 +162,26 @@ def _scale(diag: np.ndarray) -> float:
     return s if np.isfinite(s) and s > 0 else 1.0
 
 
-def _host_factor(Ms: np.ndarray) -> tuple[np.ndarray | None, int]:
-    """Guarded factorization of one symmetric matrix. Returns (U in Fortran order or None, event)."""
+def _symmetrised_fortran(M: np.ndarray) -> np.ndarray:
+    """``(M + M^T)/2`` as a new Fortran-ordered array (the only (n, n) allocation of the forward pass)."""
+    S = np.add(M, M.T, order="F")
+    S *= 0.5
+    return S
+
+
+def _host_factor(M: np.ndarray) -> tuple[np.ndarray | None, int]:
+    """Guarded factorization of ``(M + M^T)/2``. Returns (U in Fortran order or None, event)."""
     from scipy.linalg import lapack
 
-    if not np.all(np.isfinite(Ms)):
+    if not np.all(np.isfinite(M)):
         return None, EVENT_NONFINITE
-    U, info = lapack.dpotrf(Ms, lower=0, clean=1, overwrite_a=0)
+    Ms = _symmetrised_fortran(M)
+    diag = np.diag(Ms).copy()
+    U, info = lapack.dpotrf(Ms, lower=0, clean=1, overwrite_a=1)
     if info == 0:
         return U, EVENT_PLAIN
-    scale = _scale(np.diag(Ms))
+    Ms = _symmetrised_fortran(M)  # dpotrf overwrote the failed attempt
+    scale = _scale(diag)
     n = Ms.shape[0]
     for k, rel in enumerate(jitter_levels(), start=1):
         Mj = np.array(Ms, order="F", copy=True)
@@ -222,6 +232,10 @@ def _host_batched(M, V, want_residuals: bool):
     V = np.asarray(V, dtype=np.float64)
     batch = M.shape[:-2]
     n, r = V.shape[-2:]
+    if not batch:  # no vmap: hand the factor back without an extra (n, n) copy
+        with _blas_limit():
+            out = _host_one(M, V, want_residuals)
+        return out if want_residuals else out[:3]
     quad = np.empty(batch)
     logdet = np.empty(batch)
     event = np.empty(batch, dtype=np.int32)
@@ -247,8 +261,22 @@ def _host_forward(M, V):
     return _host_batched(M, V, want_residuals=True)
 
 
+def _fill_lower_from_upper(G: np.ndarray, block: int = 256) -> np.ndarray:
+    """Copy the upper triangle of square ``G`` into its lower triangle in place (temporaries of block x n)."""
+    n = G.shape[0]
+    for r0 in range(0, n, block):
+        r1 = min(n, r0 + block)
+        G[r0:r1, :r0] = G[:r0, r0:r1].T
+        D = G[r0:r1, r0:r1]
+        G[r0:r1, r0:r1] = np.triu(D) + np.triu(D, 1).T
+    return G
+
+
 def _host_cotangent_one(L: np.ndarray, A: np.ndarray, gq: float, gl: float) -> np.ndarray:
-    """``gl * M^{-1} - gq * A A^T`` from the factor: POTRI then SYRK, symmetrised in place."""
+    """``gl * M^{-1} - gq * A A^T`` from the factor: POTRI then SYRK into the same buffer, symmetrised in place.
+
+    Returns a C-contiguous (n, n) array; the only (n, n) allocation is POTRI's copy of the factor.
+    """
     from scipy.linalg import blas, lapack
 
     n = L.shape[0]
@@ -258,10 +286,7 @@ def _host_cotangent_one(L: np.ndarray, A: np.ndarray, gq: float, gl: float) -> n
     if info != 0:  # pragma: no cover - a factor from the forward pass is nonsingular
         raise RuntimeError(f"dpotri failed with info={info}")
     G = blas.dsyrk(-float(gq), A, beta=float(gl), c=Minv, trans=0, lower=0, overwrite_c=1)
-    G = np.triu(G)
-    G += G.T
-    G[np.diag_indices(n)] *= 0.5
-    return G
+    return _fill_lower_from_upper(G).T  # symmetric, so the transpose view is the same matrix in C order
 
 
 def _host_backward(L, A, gq, gl):
@@ -270,6 +295,9 @@ def _host_backward(L, A, gq, gl):
     gq = np.asarray(gq, dtype=np.float64)
     gl = np.asarray(gl, dtype=np.float64)
     batch = L.shape[:-2]
+    if not batch:
+        with _blas_limit():
+            return _host_cotangent_one(L, A, gq, gl)
     out = np.empty(L.shape)
     with _blas_limit():
         for idx in np.ndindex(*batch):
@@ -394,7 +422,7 @@ def _native_factor(Ms):
 
 
 def _native_forward(M, V):
-    L, event = _native_factor(M)
+    L, event = _native_factor(0.5 * (M + M.T))
     B = jax.scipy.linalg.solve_triangular(L, V, lower=True)
     A = jax.scipy.linalg.solve_triangular(L, B, lower=True, trans=1)
     quad = jnp.sum(V * A)
@@ -416,8 +444,9 @@ def _native_bwd(res, cts):
     n = L.shape[0]
     Linv = jax.scipy.linalg.solve_triangular(L, jnp.eye(n, dtype=L.dtype), lower=True)
     Minv = Linv.T @ Linv
-    dM = gl * Minv - gq * (A @ A.T)
-    dM = 0.5 * (dM + dM.T)
+    AAt = A @ A.T
+    # one elementwise fusion: symmetrised cotangent without materialising the unsymmetrised one
+    dM = (0.5 * gl) * (Minv + Minv.T) - (0.5 * gq) * (AAt + AAt.T)
     return dM, 2.0 * gq * A
 
 
@@ -475,6 +504,5 @@ def quad_logdet(M, V, *, method: str = "auto", guard_memory: bool = True):
             dim=n,
             device=device,
         )
-    Ms = 0.5 * (M + M.T)
     fn = _quad_logdet_callback if method == "callback" else _quad_logdet_native
-    return fn(Ms, Vm)
+    return fn(M, Vm)
