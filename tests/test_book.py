@@ -1,0 +1,161 @@
+"""msrm.book (results loading and device tables) and the built book checked in headless Chromium."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import msrm.book as mb
+from msrm.bench.rows import make_row, write_rows
+from msrm.notebooks import run_notebook
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}")
+INFO = {"backend": "cpu", "cpu_model": "Test CPU", "physical_cores": 2, "timestamp": "2026-01-01T00:00:00+00:00"}
+
+
+def _rows(root: Path, device: str, profile: str, notebook: str, rows: list[dict]) -> Path:
+    folder = root / device / profile / notebook
+    write_rows(folder / "rows.jsonl", rows, append=False)
+    return folder
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    root = tmp_path / "results"
+    _rows(root, "cpu-a-2c", "quick", "linalg", [
+        make_row("linalg", "matmul", "median_s", 2.0, "s", info=INFO, n=512),
+        make_row("linalg", "matmul", "median_s", 9.0, "s", info=INFO, n=1024),
+    ])
+    _rows(root, "cpu-a-2c", "note", "linalg", [make_row("linalg", "matmul", "median_s", 1.5, "s", info=INFO, n=512)])
+    _rows(root, "cuda-h200", "quick", "linalg", [
+        make_row("linalg", "matmul", "median_s", 0.1, "s", info=INFO, n=512),
+        make_row("linalg", "matmul", "median_s", None, "s", status="not_yet_measured", info=INFO, n=1024),
+    ])
+    failed = _rows(root, "cuda-h200", "quick", "linalg.failed", [make_row("linalg", "matmul", "median_s", 99.0, "s",
+                                                                          info=INFO, n=512)])
+    (failed.parent / ".linalg.tmp-x").mkdir()
+    with open(root / "cpu-a-2c" / "quick" / "linalg" / "rows.jsonl", "a") as fh:
+        fh.write('{"torn": \n')
+    return root
+
+
+def test_load_results_flattens_rows_and_skips_failed_and_torn(results):
+    df = mb.load_results(results)
+    assert len(df) == 5
+    assert {"device", "profile", "notebook", "experiment", "metric", "value", "unit", "status", "n",
+            "info_cpu_model"} <= set(df.columns)
+    assert 99.0 not in set(df["value"].dropna())
+    assert mb.devices_in(df) == ["cpu-a-2c", "cuda-h200"]
+    assert mb.load_results(results.parent / "nothing-here").empty
+
+
+def test_device_table_side_by_side_prefers_note_and_says_not_yet_measured(results):
+    df = mb.load_results(results)
+    t = mb.device_table(df, "linalg", metric="median_s", index=["experiment", "n"], devices=["cpu-b-4c"])
+    assert list(t.columns) == ["cpu-a-2c", "cpu-b-4c", "cuda-h200"]
+    assert t.loc[("matmul", 512), "cpu-a-2c"] == 1.5          # note profile wins over quick
+    assert t.loc[("matmul", 1024), "cpu-a-2c"] == mb.NOT_MEASURED  # only quick measured it; note preferred
+    assert t.loc[("matmul", 1024), "cuda-h200"] == mb.NOT_MEASURED  # status not_yet_measured
+    assert t.loc[("matmul", 512), "cpu-b-4c"] == mb.NOT_MEASURED     # device without rows
+    both = mb.device_table(df, "linalg", index=["n"], all_profiles=True)
+    assert both.loc[512, "cpu-a-2c (quick)"] == 2.0 and both.loc[512, "cpu-a-2c (note)"] == 1.5
+    assert both.loc[1024, "cpu-a-2c (quick)"] == 9.0
+    empty = mb.device_table(df, "state_space")
+    assert (empty == mb.NOT_MEASURED).all().all()
+    with pytest.raises(KeyError, match="width"):
+        mb.device_table(df, "linalg", index=["width"])
+    assert mb.pick(df, "linalg", "matmul", "median_s", n=512)[1:] == ("cpu-a-2c", "note")
+    assert mb.pick(df, "linalg", "matmul", "median_s", n=4096) == (None, None, None)
+
+
+def test_reference_rows_are_labelled(results):
+    ref = mb.reference_rows("linalg")
+    assert len(ref) > 0 and set(ref["source"]) == {"note, 2026-09-21"} and set(ref["section"]) == {"linalg"}
+    with pytest.raises(KeyError, match="no_such_section"):
+        mb.reference_rows("no_such_section")
+
+
+def test_figures_and_formatting(results, tmp_path):
+    from PIL import Image
+
+    for profile in ("quick", "note"):
+        Image.new("RGB", (4, 3)).save(results / "cpu-a-2c" / profile / "linalg" / "fig.png")
+    Image.new("RGB", (4, 3)).save(results / "cuda-h200" / "quick" / "linalg.failed" / "fig.png")
+    figs = mb.figure_paths("linalg", results)
+    assert [(d, p) for d, p, _ in figs] == [("cpu-a-2c", "note")]
+    assert len(mb.figure_paths("linalg", results, all_profiles=True)) == 2
+    md = mb.figure_markdown(figs[0][2], "fig-x", "A caption.", base=tmp_path)
+    assert md.startswith("```{figure} results/cpu-a-2c/note/linalg/fig.png\n:name: fig-x")
+    assert mb.fmt(0.001234, "s") == "0.00123 s"
+    assert mb.fmt(3640000) == "3,640,000"
+    assert mb.fmt(None) == mb.NOT_MEASURED
+    assert mb.fmt(float("nan"), "s") == mb.NOT_MEASURED
+    assert mb.fmt(2.5e-7) == "2.50e-07"
+
+
+@needs_chromium
+def test_book_check_catches_broken_pages(tmp_path):
+    from msrm.notebooks.check_book import check_book
+
+    html = tmp_path / "html"
+    html.mkdir()
+    (html / "index.html").write_text(
+        "<html><body><img src='missing.png'><img src='http://example.invalid/x.png'>"
+        "<span class='math'>\\(x^2\\)</span>"
+        "<table class='msrm-device-table'><thead><tr><th>cpu-other-1c</th></tr></thead></table></body></html>")
+    res = tmp_path / "results"
+    _rows(res, "cpu-a-2c", "quick", "linalg", [make_row("linalg", "m", "x", 1.0, "s", info=INFO)])
+    report = check_book(html, results=[res], chromium=CHROMIUM)
+    text = "\n".join(report.failures)
+    assert not report.ok
+    assert "image did not load" in text and "missing.png" in text
+    assert "request left 127.0.0.1: http://example.invalid/x.png" in text
+    assert "no MathJax output" in text
+    assert "device cpu-a-2c has results but is a column of no device table" in text
+
+
+@pytest.fixture(scope="module")
+def built_book(tmp_path_factory):
+    """The book built from the committed results plus fresh smoke results of the two set-up notebooks."""
+    tmp = tmp_path_factory.mktemp("book")
+    for name in ("00_inventory.ipynb", "01_synthetic_study.ipynb"):
+        res = run_notebook(ROOT / "notebooks" / name, profile="smoke", platform="cpu", label="cpu-smoke-book",
+                           results=tmp / "results")
+        assert res.status == "ok", res.error
+    roots = os.pathsep.join([str(ROOT / "results"), str(tmp / "results")])
+    env = dict(os.environ, MSRM_RESULTS=roots)
+    jb = Path(sys.executable).with_name("jupyter-book")
+    out = subprocess.run([str(jb), "build", "--all", "-W", "-n", "--keep-going", "--path-output", str(tmp), str(ROOT)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
+    return tmp / "_build" / "html", [Path(r) for r in roots.split(os.pathsep)]
+
+
+def test_book_builds_with_every_chapter(built_book):
+    html, _ = built_book
+    for chapter in ("intro", "inventory", "synthetic", "linalg", "rmsrm", "gp_grouped", "threads", "gradient_nuts",
+                    "state_space", "scaling", "gpu_support", "reliability", "limits", "reproduce"):
+        assert (html / "book" / f"{chapter}.html").is_file(), chapter
+    synthetic = (html / "book" / "synthetic.html").read_text()
+    assert "cpu-smoke-book" in synthetic and "streams_and_latents" in synthetic
+    assert "note, 2026-09-21" in (html / "book" / "intro.html").read_text()
+    assert not list(html.rglob("*.ipynb_checkpoints"))
+
+
+@needs_chromium
+def test_built_book_in_headless_chromium(built_book):
+    from msrm.notebooks.check_book import check_book
+
+    html, roots = built_book
+    report = check_book(html, results=roots, chromium=CHROMIUM)
+    assert report.ok, report.summary()
+    assert "cpu-smoke-book" in report.devices
+    assert report.images >= 1 and report.math_pages >= 1 and report.device_tables >= 1
+    assert all(r.startswith(("http://127.0.0.1", "data:", "blob:", "about:")) for r in report.requests)
