@@ -1,0 +1,352 @@
+"""R-MSRM driver: one restart (alternating steps until the objective stops moving) and ``fit_rmsrm`` (restarts).
+
+Each iteration runs four exact block steps, each of which cannot raise J (objective.py):
+
+1. latent normal equations per run (latent.py), then centring/whitening of Z (convention.py; exact);
+2. loadings + intercepts (loadings.py);
+3. noise variances (closed form);
+4. response parameters by bounded L-BFGS-B (response.py).
+
+The objective after every step is kept in ``step_objectives`` (n_iter, 4). The fit stops when the relative
+decrease of J over an iteration is below ``tol`` (converged) or after ``max_iter`` iterations.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
+
+import numpy as np
+
+from ..data import Dataset
+from ..params import Params
+from ..spec import ModelSpec
+from . import convention
+from .latent import solve_latents
+from .loadings import residual_sum_squares, update_loadings, update_noise
+from .objective import RState, compute_stats, objective_dense, objective_reuse, slot_latents
+from .prepare import Prepared, default_roughness, prepare_rmsrm
+from .response import update_response
+
+__all__ = ["RFit", "RestartResult", "fit_rmsrm", "fit_restart", "restart_tasks", "PHASES", "OBJECTIVES",
+           "LATENT_SOLVERS"]
+
+PHASES = ("latent", "loadings", "noise", "response", "objective")
+OBJECTIVES = ("reuse", "dense")
+LATENT_SOLVERS = ("banded", "superlu")
+
+
+class RestartResult(NamedTuple):
+    """What one restart returns (plain arrays and dicts: cheap to send between processes)."""
+
+    state: RState
+    objective_history: np.ndarray
+    step_objectives: np.ndarray
+    timings: dict
+    converged: bool
+    n_iter: int
+    diagnostics: list
+
+
+@dataclass(frozen=True, eq=False)
+class RFit:
+    """The best restart of an R-MSRM fit.
+
+    Fields:
+        latents: list over runs of (J, K) latents on each run's grid (canonical convention, convention.py).
+        params: msrm.Params (loadings, intercepts, noise_sd, response theta); ``lengthscales`` holds the
+            half-correlation estimate of ``convention.estimate_lengthscales`` (R-MSRM has no GP prior).
+        objective_history: (n_iter + 1,) J at the start and after each iteration.
+        step_objectives: (n_iter, 4) J after the latent, loadings, noise and response steps of each iteration.
+        converged: True if the relative decrease fell below tol before max_iter.
+        n_iter: iterations run.
+        timings: phase -> (n_iter,) seconds per iteration; phases ``PHASES``.
+        restarts: (restarts,) final J of each restart, NaN for a restart that failed.
+        restart_errors: per restart, the traceback text of its failure or None.
+        restart_seeds: per restart, the seed description ``{"seed": s, "restart": i}``.
+        execution_info: ``msrm.runtime.execution_info()`` of the process that ran the fit.
+        spec: the ModelSpec.
+        roughness: lambda used.
+        settings: the fit's arguments (objective, latent_solver, max_iter, tol, seed, backend, n_jobs).
+        diagnostics: events worth knowing (ridge fallbacks in the latent solve), never silent.
+    """
+
+    latents: list
+    params: Params
+    objective_history: np.ndarray
+    step_objectives: np.ndarray
+    converged: bool
+    n_iter: int
+    timings: dict
+    restarts: np.ndarray
+    restart_errors: list
+    restart_seeds: list
+    execution_info: dict
+    spec: ModelSpec
+    roughness: float
+    settings: dict = field(default_factory=dict)
+    diagnostics: list = field(default_factory=list)
+
+    @property
+    def objective(self) -> float:
+        """Final J of the best restart."""
+        return float(self.objective_history[-1])
+
+    @property
+    def best_restart(self) -> int:
+        return int(np.nanargmin(self.restarts))
+
+    def save(self, path) -> None:
+        """Write an atomic ``.npz`` archive (arrays + a JSON entry; loaded by ``msrm.rmsrm.load_rfit``)."""
+        from .archive import save_rfit
+
+        save_rfit(self, path)
+
+
+def restart_tasks(seed: int, restarts: int) -> list[dict]:
+    """Seed descriptions of the restarts: restart i draws from ``SeedSequence(seed).spawn(restarts)[i]``."""
+    return [{"seed": int(seed), "restart": i} for i in range(restarts)]
+
+
+def _rng(task: dict) -> np.random.Generator:
+    child = np.random.SeedSequence(task["seed"]).spawn(task["restart"] + 1)[task["restart"]]
+    return np.random.default_rng(child)
+
+
+def _objective(prep: Prepared, state: RState, stats, mode: str) -> float:
+    return objective_reuse(prep, state, stats) if mode == "reuse" else objective_dense(prep, state)
+
+
+def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: int, tol: float, objective: str,
+                latent_solver: str, progress: bool = False) -> RestartResult:
+    """Run one restart from its seeded initial point (convention.py) to convergence or max_iter."""
+    rng = _rng(task)
+    Z = convention.whiten(convention.initial_latents(base_latents, rng, task["restart"]))[0]
+    theta = convention.initial_theta(prep, rng, task["restart"])
+    state = RState(Z=Z, W={}, b={}, var={}, theta=theta)
+    latents = slot_latents(prep, state)
+    W, b, q = update_loadings(prep, state, latents)
+    state = state._replace(W=W, b=b)
+    if objective == "dense":
+        q = residual_sum_squares(prep, state, latents)
+    state = state._replace(var=update_noise(prep, state, q))
+    stats = compute_stats(prep, state)
+    J = _objective(prep, state, stats, objective)
+    history = [J]
+    steps = []
+    timings = {p: [] for p in PHASES}
+    diagnostics: list = []
+    converged = False
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=max_iter, desc=f"restart {task['restart']}", disable=not progress, leave=False)
+    try:
+        for it in range(max_iter):
+            t = {p: 0.0 for p in PHASES}
+            row = []
+            # 1. latents
+            t0 = time.perf_counter()
+            Znew = solve_latents(prep, state, stats, latent_solver, diagnostics)
+            state = state._replace(Z=Znew)
+            t1 = time.perf_counter()
+            row.append(_objective(prep, state, stats, objective))
+            t2 = time.perf_counter()
+            state = state._replace(Z=convention.whiten(state.Z)[0])
+            latents = slot_latents(prep, state)
+            t3 = time.perf_counter()
+            t["latent"] += (t1 - t0) + (t3 - t2)
+            t["objective"] += t2 - t1
+            # 2. loadings and intercepts
+            W, b, q = update_loadings(prep, state, latents)
+            state = state._replace(W=W, b=b)
+            t4 = time.perf_counter()
+            t["loadings"] += t4 - t3
+            if objective == "dense":
+                q = residual_sum_squares(prep, state, latents)
+                row.append(objective_dense(prep, state))
+            else:
+                row.append(_feature_objective(prep, state, q))
+            t5 = time.perf_counter()
+            t["objective"] += t5 - t4
+            # 3. noise
+            state = state._replace(var=update_noise(prep, state, q))
+            t6 = time.perf_counter()
+            t["noise"] += t6 - t5
+            stats = compute_stats(prep, state)
+            J_noise = _objective(prep, state, stats, objective)
+            row.append(J_noise)
+            t7 = time.perf_counter()
+            t["objective"] += t7 - t6
+            # 4. response parameters
+            theta, J_new, _ = update_response(prep, state, stats, J_noise, objective)
+            state = state._replace(theta=theta)
+            row.append(J_new)
+            t["response"] += time.perf_counter() - t7
+            for p in PHASES:
+                timings[p].append(t[p])
+            steps.append(row)
+            history.append(J_new)
+            bar.update(1)
+            if not math.isfinite(J_new):
+                raise FloatingPointError(f"objective became non-finite at iteration {it + 1}")
+            if abs(history[-2] - J_new) <= tol * max(abs(J_new), 1.0):
+                converged = True
+                break
+    finally:
+        bar.close()
+    return RestartResult(
+        state=state,
+        objective_history=np.array(history),
+        step_objectives=np.array(steps).reshape(-1, 4),
+        timings={p: np.array(v) for p, v in timings.items()},
+        converged=converged,
+        n_iter=len(steps),
+        diagnostics=diagnostics,
+    )
+
+
+def initial_signal(prep: Prepared, base: tuple) -> float:
+    """tr(S0) / K: the mean noise-weighted signal per feature and factor at the PCA initialisation
+    (loadings, intercepts and noise fitted to the whitened PCA latents with ``prep.roughness``)."""
+    from .objective import penalty_metric
+
+    state = RState(Z=base, W={}, b={}, var={}, theta=convention.initial_theta(prep, None, 0))
+    W, b, q = update_loadings(prep, state, slot_latents(prep, state))
+    state = state._replace(W=W, b=b)
+    S0 = penalty_metric(prep, W, update_noise(prep, state, q))
+    return float(np.trace(S0)) / prep.n_factors
+
+
+def _feature_objective(prep: Prepared, state: RState, q: dict) -> float:
+    """J from per-feature residual sums of squares (after the loadings step, before the noise step).
+
+    J = 1/2 sum_f [(q_f + (lambda/F_tot) w_f^T P w_f) / sigma_f^2 + n_f log sigma_f^2].
+    """
+    from .objective import roughness_gram
+
+    P = roughness_gram(prep, state.Z)
+    scale = prep.roughness / prep.n_total_features
+    total = 0.0
+    for k in prep.keys:
+        pen = scale * np.einsum("fk,kl,fl->f", state.W[k], P, state.W[k])
+        total += float(np.sum((q[k] + pen) / state.var[k] + prep.count[k] * np.log(state.var[k])))
+    return 0.5 * total
+
+
+def _check_args(data, spec, restarts, max_iter, tol, seed, objective, latent_solver, progress, backend, client):
+    from ..parallel import BACKENDS
+
+    if not isinstance(data, Dataset):
+        raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be an msrm.ModelSpec, got {type(spec).__name__}")
+    for name, v, lo in (("restarts", restarts, 1), ("max_iter", max_iter, 1), ("seed", seed, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not math.isfinite(tol) or tol < 0:
+        raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if latent_solver not in LATENT_SOLVERS:
+        raise ValueError(f"latent_solver must be one of {LATENT_SOLVERS}, got {latent_solver!r}")
+    if not isinstance(progress, bool):
+        raise ValueError(f"progress must be True or False, got {progress!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if client is not None and backend != "dask":
+        raise ValueError(f"client is only used with backend='dask', got backend={backend!r}")
+
+
+def fit_rmsrm(
+    data: Dataset,
+    spec: ModelSpec,
+    restarts: int = 8,
+    max_iter: int = 100,
+    tol: float = 1e-6,
+    seed: int = 0,
+    n_jobs: int | None = None,
+    backend: str = "loky",
+    roughness: float | None = None,
+    objective: str = "reuse",
+    latent_solver: str = "banded",
+    progress: bool = True,
+    client=None,
+) -> RFit:
+    """Fit R-MSRM with independent seeded restarts; the lowest final objective wins.
+
+    Args:
+        data: the Dataset.
+        spec: the ModelSpec (``kernel`` only affects the lengthscale estimate).
+        restarts: independent starts (restart 0 from the PCA initialisation, others perturbed; convention.py).
+        max_iter: iterations per restart.
+        tol: stop when |J_prev - J| <= tol * max(|J|, 1).
+        seed: seed of the restart seed sequence.
+        n_jobs: worker processes (``None``: min(restarts, physical cores)); 1 runs in this process.
+        backend: ``"loky"`` (local processes), ``"dask"`` (a running dask.distributed Client) or
+            ``"sequential"``; see ``msrm.parallel.run_tasks``.
+        roughness: lambda; None = ``prepare.default_roughness(spec, initial_signal(...))``:
+            (2 s / latent_dt)^3 divided by the mean noise-weighted signal of the PCA initialisation.
+        objective: ``"reuse"`` (sufficient statistics) or ``"dense"`` (explicit residuals, the reference).
+        latent_solver: ``"banded"`` (banded Cholesky) or ``"superlu"`` (sparse LU, the reference).
+        progress: tqdm bars over restarts (and iterations when restarts run in this process).
+        client: a dask.distributed.Client for ``backend="dask"``.
+
+    Returns:
+        RFit. Raises RuntimeError (with every restart's traceback) only if all restarts fail.
+    """
+    _check_args(data, spec, restarts, max_iter, tol, seed, objective, latent_solver, progress, backend, client)
+    from ..parallel import resolve_n_jobs, run_tasks
+    from ..runtime import execution_info
+
+    jobs = resolve_n_jobs(n_jobs, restarts)
+    prep = prepare_rmsrm(data, spec, roughness)
+    base = convention.pca_init(prep)
+    if roughness is None:
+        prep = prep._replace(roughness=default_roughness(spec, initial_signal(prep, base)))
+    if backend == "loky" and jobs == 1:
+        backend = "sequential"
+    inner = progress and backend == "sequential"
+    fn = partial(_restart_task, prep, base, max_iter=max_iter, tol=float(tol), objective=objective,
+                 latent_solver=latent_solver, progress=inner)
+    tasks = restart_tasks(seed, restarts)
+    results = run_tasks(fn, tasks, n_jobs=None if backend == "dask" and n_jobs is None else jobs,
+                        backend=backend, client=client, progress=progress, desc="R-MSRM restarts")
+    finals = np.array([r.value.objective_history[-1] if r.ok else np.nan for r in results])
+    errors = [r.error for r in results]
+    if not np.isfinite(finals).any():
+        raise RuntimeError("every R-MSRM restart failed:\n" + "\n".join(e or "non-finite objective" for e in errors))
+    best = results[int(np.nanargmin(finals))].value
+    state = convention.canonical(prep, best.state)
+    params = Params(
+        loadings=state.W,
+        intercepts=state.b,
+        noise_sd={k: np.sqrt(v) for k, v in state.var.items()},
+        lengthscales=convention.estimate_lengthscales(state.Z, spec.latent_dt, spec.kernel),
+        response=state.theta,
+    )
+    params.validate(data, spec)
+    settings = {"objective": objective, "latent_solver": latent_solver, "max_iter": int(max_iter), "tol": float(tol),
+                "seed": int(seed), "restarts": int(restarts), "backend": backend, "n_jobs": int(jobs)}
+    return RFit(
+        latents=[np.array(z) for z in state.Z],
+        params=params,
+        objective_history=best.objective_history,
+        step_objectives=best.step_objectives,
+        converged=bool(best.converged),
+        n_iter=int(best.n_iter),
+        timings=best.timings,
+        restarts=finals,
+        restart_errors=errors,
+        restart_seeds=tasks,
+        execution_info=execution_info(),
+        spec=spec,
+        roughness=prep.roughness,
+        settings=settings,
+        diagnostics=list(best.diagnostics),
+    )
+
+
+def _restart_task(prep, base, task, **kw) -> RestartResult:
+    return fit_restart(prep, base, task, **kw)

@@ -1,0 +1,231 @@
+"""Everything R-MSRM needs from the data, computed once in NumPy before any iteration.
+
+A *slot* is a set of streams of one run that share a response group and the same sample times (for example the
+four brain streams of the one-eighth study, or the five rating streams): they see the same latent values
+``x_i = A(theta) Z``, so operators and response derivatives are computed once per slot, and the per-stream
+sufficient statistics are summed per slot before they meet the latent grid (node grouping, DESIGN.md section 1).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..data import Dataset
+from ..nodes import ResponseGroup, response_groups
+from ..operators import WindowLayout, window_layout
+from ..spec import ModelSpec, latent_grid
+
+__all__ = [
+    "Slot",
+    "StreamData",
+    "RunData",
+    "Prepared",
+    "prepare_rmsrm",
+    "default_roughness",
+    "second_difference_bands",
+    "ROUGHNESS_TIMESCALE",
+]
+
+# The default roughness penalty: lambda = (ROUGHNESS_TIMESCALE / latent_dt)^3 / s0 (see default_roughness).
+ROUGHNESS_TIMESCALE = 2.0
+
+
+class Slot(NamedTuple):
+    """Streams of one run with one response group and identical sample times.
+
+    Fields:
+        group: index into ``Prepared.groups``.
+        times: (n,) sample times in seconds.
+        layout: static response windows of these times on the run's grid (``msrm.operators.window_layout``).
+        streams: indices into ``RunData.streams`` of the member streams.
+    """
+
+    group: int
+    times: np.ndarray
+    layout: WindowLayout
+    streams: tuple[int, ...]
+
+
+class StreamData(NamedTuple):
+    """One stream of one run.
+
+    Fields:
+        key: "participant/modality".
+        slot: index into ``RunData.slots``.
+        values: (n, F) observations with missing values set to 0.
+        mask: (n, F) float64 1.0 where observed, or None when the stream is complete in this run.
+    """
+
+    key: str
+    slot: int
+    values: np.ndarray
+    mask: np.ndarray | None
+
+
+class RunData(NamedTuple):
+    """Fields: grid (J,); slots; streams; dtd: the three bands (d = 0, 1, 2) of D2^T D2, each (J,) zero-padded."""
+
+    grid: np.ndarray
+    slots: tuple[Slot, ...]
+    streams: tuple[StreamData, ...]
+    dtd: np.ndarray
+
+
+class Prepared(NamedTuple):
+    """The fit's static inputs.
+
+    Fields:
+        spec: the ModelSpec.
+        keys: stream keys (dataset order).
+        n_features: key -> F.
+        n_total_features: F_tot = sum of F over stream keys (normalises the penalty metric S).
+        groups: response groups (``msrm.nodes.response_groups``).
+        theta_groups: indices of groups with response parameters (the L-BFGS-B blocks).
+        runs: per-run data.
+        count: key -> (F,) observed values per feature over all runs (n_f).
+        sum_y: key -> (F,) sum of observed values per feature over all runs.
+        sum_y2: key -> (F,) sum of squared observed values per feature over all runs.
+        roughness: lambda.
+        band_blocks: block bandwidth + 1 of the latent normal equations (largest window, at least 3).
+        any_missing: key -> True if the stream has a missing value in some run.
+    """
+
+    spec: ModelSpec
+    keys: tuple[str, ...]
+    n_features: dict
+    n_total_features: int
+    groups: tuple[ResponseGroup, ...]
+    theta_groups: tuple[int, ...]
+    runs: tuple[RunData, ...]
+    count: dict
+    sum_y: dict
+    sum_y2: dict
+    roughness: float
+    band_blocks: int
+    any_missing: dict
+
+    @property
+    def n_factors(self) -> int:
+        return self.spec.n_factors
+
+
+def default_roughness(spec: ModelSpec, signal: float = 1.0) -> float:
+    """Default lambda: ``(ROUGHNESS_TIMESCALE / latent_dt)^3 / signal`` with ROUGHNESS_TIMESCALE = 2 s.
+
+    On a grid of step Delta, ``||D2 z||^2 ~ Delta^3 * integral z''(t)^2 dt``, so ``(2 s / Delta)^3`` gives the
+    same continuous-time roughness penalty ``(2 s)^3 * integral z''^2 dt`` on unit-variance latents whatever the
+    grid step. The objective's penalty is ``lambda/2 tr(Z^T D2^T D2 Z S)`` (objective.py); for unit-variance
+    latents S is the mean noise-weighted signal per feature, so dividing by ``signal = tr(S0) / K`` (S0 of the
+    PCA initialisation, measured by ``fit_rmsrm`` before any restart) keeps the penalty on unit-variance latents
+    near ``(2 s / Delta)^3 / 2 sum_k ||D2 z_k||^2`` whatever the signal-to-noise ratio.
+    """
+    if not (math.isfinite(signal) and signal > 0):
+        raise ValueError(f"signal must be finite and > 0, got {signal!r}")
+    return float((ROUGHNESS_TIMESCALE / spec.latent_dt) ** 3 / signal)
+
+
+def second_difference_bands(J: int) -> np.ndarray:
+    """Bands of ``D2^T D2`` for second differences on J points.
+
+    Returns:
+        (3, J): row d holds entries (j, j + d) at column j (zero where j + d >= J).
+    """
+    if J < 3:
+        raise ValueError(f"the latent grid needs at least 3 points for the roughness penalty, got {J}")
+    D = sp.diags([np.ones(J - 2), -2.0 * np.ones(J - 2), np.ones(J - 2)], [0, 1, 2], shape=(J - 2, J))
+    DtD = (D.T @ D).tocsr()
+    out = np.zeros((3, J))
+    for d in range(3):
+        out[d, : J - d] = DtD.diagonal(d)
+    return out
+
+
+def prepare_rmsrm(data: Dataset, spec: ModelSpec, roughness: float | None = None) -> Prepared:
+    """Validate data against the spec and build the static inputs of the fit.
+
+    Raises:
+        KeyError: a modality without a response in the spec.
+        ValueError: bad roughness, or a run too short for its grid.
+    """
+    if not isinstance(data, Dataset):
+        raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be an msrm.ModelSpec, got {type(spec).__name__}")
+    if roughness is None:
+        lam = default_roughness(spec)
+    else:
+        try:
+            lam = float(roughness)
+        except (TypeError, ValueError):
+            raise ValueError(f"roughness must be a positive number or None, got {roughness!r}") from None
+        if not math.isfinite(lam) or lam <= 0:
+            raise ValueError(f"roughness must be finite and > 0, got {roughness!r}")
+    groups = response_groups(data, spec)  # KeyError names a modality without a response
+    group_of = {}
+    for g_i, g in enumerate(groups):
+        group_of[g.key] = g_i
+    keys = data.stream_keys
+    n_features = data.n_features
+    count = {k: np.zeros(F) for k, F in n_features.items()}
+    sum_y = {k: np.zeros(F) for k, F in n_features.items()}
+    sum_y2 = {k: np.zeros(F) for k, F in n_features.items()}
+    any_missing = {k: False for k in keys}
+    runs = []
+    band = 3
+    for r_i, run in enumerate(data.runs):
+        grid = latent_grid(run.duration, spec)
+        slot_members: dict[tuple, list[int]] = {}
+        slot_times: dict[tuple, np.ndarray] = {}
+        streams = []
+        for s_i, s in enumerate(run.streams):
+            resp = spec.response(s.modality)
+            if not resp.param_names or spec.pooling == "shared":
+                gkey = s.modality
+            else:
+                gkey = s.key
+            g_i = group_of[gkey]
+            sig = (g_i, s.n_samples, round(s.dt, 12), round(s.offset, 12))
+            slot_members.setdefault(sig, []).append(s_i)
+            slot_times.setdefault(sig, s.times)
+            mask = s.mask
+            values = np.where(mask, s.values, 0.0)
+            count[s.key] += mask.sum(axis=0)
+            sum_y[s.key] += values.sum(axis=0)
+            sum_y2[s.key] += (values * values).sum(axis=0)
+            complete = bool(mask.all())
+            any_missing[s.key] |= not complete
+            streams.append([s.key, None, values, None if complete else mask.astype(np.float64)])
+        slots = []
+        for sl_i, (sig, members) in enumerate(slot_members.items()):
+            layout = window_layout(slot_times[sig], groups[sig[0]].response, grid)
+            band = max(band, layout.width)
+            slots.append(Slot(sig[0], slot_times[sig], layout, tuple(members)))
+            for s_i in members:
+                streams[s_i][1] = sl_i
+        runs.append(
+            RunData(
+                grid=grid,
+                slots=tuple(slots),
+                streams=tuple(StreamData(*s) for s in streams),
+                dtd=second_difference_bands(grid.size),
+            )
+        )
+    theta_groups = tuple(i for i, g in enumerate(groups) if g.param_key is not None)
+    return Prepared(
+        spec=spec,
+        keys=keys,
+        n_features=n_features,
+        n_total_features=int(sum(n_features.values())),
+        groups=groups,
+        theta_groups=theta_groups,
+        runs=tuple(runs),
+        count=count,
+        sum_y=sum_y,
+        sum_y2=sum_y2,
+        roughness=lam,
+        band_blocks=band,
+        any_missing=any_missing,
+    )
