@@ -254,3 +254,23 @@ def test_bad_input_raises_before_numerics():
     with pytest.raises(ValueError, match="event must be"):
         linalg.describe_event(7)
     assert "rung 3" in linalg.describe_event(3)
+
+
+def test_benchmark_rows_are_well_formed():
+    """The linalg and threads benchmarks run at a toy size and return complete rows (no timing asserted)."""
+    from msrm.bench import linalg as bench_linalg
+    from msrm.bench import threads as bench_threads
+
+    rows = bench_linalg.raw_linalg_rows([48], repeats=1, profile="smoke")
+    assert {(r["experiment"], r["metric"]) for r in rows} == {
+        (op, m) for op in ("matmul", "cholesky", "lu", "cho_inverse") for m in ("median_s", "gflops")}
+    assert all(r["status"] == "measured" and r["value"] > 0 and r["execution_info"]["x64"] for r in rows)
+    f32 = bench_linalg.float32_rows([48], repeats=1)
+    assert [r["status"] for r in f32] == ["not_yet_measured"] * 2 and "GPU" in f32[0]["params"]["reason"]
+    assert bench_linalg.potrf_potri_floor(64, threads=1, repeats=1) > 0
+    rows = bench_threads.threads_rows(64, repeats=1, settings=[(1, False)], profile="smoke")
+    experiments = {r["experiment"] for r in rows}
+    assert {"direct_potrf_potri", "callback_potrf_potri", "quad_logdet_callback", "native_chol_inverse",
+            "plain_grad_logdet", "quad_logdet_native", "speedup_vs_plain_grad", "value_grad_over_floor"} <= experiments
+    assert all(r["execution_info"]["blas"] for r in rows)
+    assert bench_threads.thread_settings(2) == [(1, False), (2, False), (4, True)]

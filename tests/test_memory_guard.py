@@ -94,17 +94,17 @@ def test_quad_logdet_refuses_before_numerics(monkeypatch):
 
 
 def test_prediction_covers_measured_peak_of_callback_value_and_grad():
-    """The predicted peak bounds the measured resident peak of one warm value+gradient (n large enough that
-    every (n, n) buffer is its own mapping, so the resident-size accounting is exact)."""
+    """The predicted peak bounds the measured resident peak of one warm value+gradient (freed heap memory is
+    returned to the system before measuring, so the rise counts every (n, n) buffer the call allocates)."""
     import msrm.runtime
 
     msrm.runtime.enable_x64()
     from msrm.bench.linalg import memory_prediction_rows
 
-    (row,) = memory_prediction_rows(2048, methods=("callback",))
+    (row,) = memory_prediction_rows(1500, methods=("callback",))
     if row["status"] != "measured":
         pytest.skip(row["params"]["reason"])
-    n = 2048
+    n = 1500
     assert row["value"] <= row["params"]["predicted_bytes"]
     # and it is not a vacuous bound: the factor and the inverse at least were really allocated
     assert row["value"] >= 3 * 8 * n * n

@@ -16,8 +16,6 @@ with n right-hand sides).
 """
 from __future__ import annotations
 
-import statistics
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..runtime import execution_info
+from .measure import PeakMemory, block, warm_median
 from .rows import make_row
 
 __all__ = [
@@ -32,7 +31,6 @@ __all__ = [
     "PROFILES",
     "FLOPS",
     "spd_matrix",
-    "time_median",
     "peak_rss_delta",
     "raw_linalg_rows",
     "float32_rows",
@@ -48,6 +46,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"sizes": [256, 512, 1024, 1500], "repeats": 3, "memory_dim": 1024},
     "note": {"sizes": [512, 1024, 2048, 2727, 4096, 8192], "repeats": 3, "memory_dim": 2727},
 }
+PROFILES["full"] = PROFILES["note"]  # full recordings change the models' sizes, not these
 
 FLOPS: dict[str, Callable[[int], float]] = {
     "matmul": lambda n: 2.0 * n**3,
@@ -71,45 +70,8 @@ def spd_matrix(n: int, seed: int = 0) -> np.ndarray:
     return M
 
 
-def _block(x):
-    import sys
-
-    if "jax" in sys.modules:
-        import jax
-
-        return jax.block_until_ready(x)
-    return x
-
-
-def time_median(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> tuple[float, list[float]]:
-    """Median wall seconds of ``fn()`` over ``repeats`` warm calls (after ``warmup`` untimed calls).
-
-    JAX results are synchronised with ``block_until_ready`` before each timer stops.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    for _ in range(warmup):
-        _block(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        _block(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
-
-
-def _status_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def _malloc_trim() -> None:
+    """Hand freed heap memory back to the system (glibc), so memory kept from earlier calls does not hide a rise."""
     import ctypes
     import ctypes.util
 
@@ -121,24 +83,14 @@ def _malloc_trim() -> None:
 
 
 def peak_rss_delta(fn: Callable[[], Any]) -> int | None:
-    """Bytes by which the process's resident peak (VmHWM) rose above its resident size while ``fn()`` ran.
+    """Bytes by which the resident peak rose above the resident size while ``fn()`` ran (synchronised).
 
-    Freed heap memory is first handed back to the system (glibc ``malloc_trim``) so that memory kept from
-    earlier calls does not hide the rise, then the peak is reset through ``/proc/self/clear_refs`` (Linux);
-    ``None`` where that is not possible.
+    Uses :class:`msrm.bench.measure.PeakMemory` after ``malloc_trim``; ``None`` where unavailable.
     """
     _malloc_trim()
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        return None
-    before = _status_kb("VmRSS")
-    _block(fn())
-    peak = _status_kb("VmHWM")
-    if before is None or peak is None:
-        return None
-    return max(0, peak - before)
+    with PeakMemory() as pm:
+        block(fn())
+    return pm.delta_bytes
 
 
 def _jax_ops():
@@ -174,7 +126,7 @@ def raw_linalg_rows(sizes, repeats: int = 3, *, profile: str = "quick", seed: in
     for n in sizes:
         M = jax.device_put(jnp.asarray(spd_matrix(int(n), seed)))
         for name, fn in ops.items():
-            med, times = time_median(lambda: fn(M), repeats=repeats)
+            med, times = warm_median(lambda: fn(M), repeats=repeats)
             peak = peak_rss_delta(lambda: fn(M))
             common = dict(n=int(n), dtype="float64", repeats=repeats, times=times, peak_rss_delta_bytes=peak,
                           device=str(jax.devices()[0]), profile=profile)
@@ -205,7 +157,7 @@ def float32_rows(sizes, repeats: int = 3, *, profile: str = "quick", seed: int =
                 continue
             A = jax.device_put(jnp.asarray(spd_matrix(int(n), seed), dtype=jnp.float32))
             fn = jax.jit(lambda X, p=precision: jnp.matmul(X, X, precision=p))
-            med, times = time_median(lambda: fn(A), repeats=repeats)
+            med, times = warm_median(lambda: fn(A), repeats=repeats)
             ref = np.asarray(A, dtype=np.float64) @ np.asarray(A, dtype=np.float64)
             rel = float(np.max(np.abs(np.asarray(fn(A), dtype=np.float64) - ref)) / np.max(np.abs(ref)))
             rows.append(make_row(NOTEBOOK, "matmul_float32", "gflops", FLOPS["matmul"](n) / med / 1e9, "GFLOP/s",
@@ -238,7 +190,7 @@ def potrf_potri_floor(n: int, threads: int | None = None, repeats: int = 5, seed
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with threadpool_limits(limits=threads, user_api="blas"):
-            med, _ = time_median(once, repeats=repeats)
+            med, _ = warm_median(once, repeats=repeats)
     return med
 
 
@@ -257,7 +209,7 @@ def memory_prediction_rows(n: int, *, methods=("callback", "native"), profile: s
     rows = []
     for method in methods:
         f = jax.jit(jax.value_and_grad(lambda Mx, m=method: sum(quad_logdet(Mx, V, method=m)[:2])))
-        _block(f(M))
+        block(f(M))
         peak = peak_rss_delta(lambda: f(M))
         predicted = predict_peak_bytes(int(n), 1)
         resident = 8 * int(n) * int(n)  # M is resident before the call and counted by the prediction
