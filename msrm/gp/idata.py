@@ -1,0 +1,178 @@
+"""ArviZ InferenceData for GP posteriors: physical parameters with named dims, NetCDF archives.
+
+Variables of the ``posterior`` group are the model's physical parameters (``model.constrain(u).flatten()``), one
+variable per entry, with the dims and coords that ``model.param_dims()`` gives (participant/modality key, feature,
+factor, response parameter). NetCDF (HDF5) reserves ``/`` in names, so every variable and dim name has ``/``
+replaced by ``|`` (:func:`safe_name`): ``loadings[p0/brain]`` is stored as ``loadings[p0|brain]``; the original
+name is kept in the variable's ``msrm_name`` attribute. Nested attributes (execution_info, timings) are stored as
+JSON strings and decoded by :func:`load_netcdf`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .. import _atomic
+
+__all__ = ["safe_name", "physical_draws", "build_inference_data", "save_netcdf", "load_netcdf", "json_attrs"]
+
+_JSON_ATTRS = ("execution_info", "timings", "sampler", "checkpoint", "map")
+
+
+def safe_name(name: str) -> str:
+    """A NetCDF-safe variable/dim name: ``/`` -> ``|``."""
+    return str(name).replace("/", "|")
+
+
+def _dims_entry(name: str, param_dims: Mapping[str, Any]) -> tuple[str, tuple | None, dict | None]:
+    """(display name, dims, coords) for a flattened parameter name, matched against ``param_dims`` keys.
+
+    Accepted spellings of the same entry: ``"loadings/p0/brain"`` (Params.flatten) and ``"loadings[p0/brain]"``.
+    """
+    head, sep, rest = name.partition("/")
+    for cand in (name, f"{head}[{rest}]" if sep else name):
+        if cand in param_dims:
+            dims, coords = param_dims[cand]
+            return cand, tuple(dims), dict(coords or {})
+    return name, None, None
+
+
+def physical_draws(
+    constrain: Callable[[np.ndarray], Any], draws_u: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Map unconstrained draws (C, S, d) to physical arrays name -> (C, S, *shape) via ``constrain(u).flatten()``."""
+    C, S, _ = draws_u.shape
+    out: dict[str, np.ndarray] = {}
+    for c in range(C):
+        for s in range(S):
+            flat = constrain(np.asarray(draws_u[c, s])).flatten()
+            if not out:
+                out = {k: np.empty((C, S) + np.shape(v)) for k, v in flat.items()}
+            for k, v in flat.items():
+                out[k][c, s] = v
+    return out
+
+
+def _dataset_parts(arrays: Mapping[str, np.ndarray], param_dims: Mapping[str, Any], lead: int):
+    """(variables dict name -> (dims, values, attrs), coords) with dims named and made NetCDF-safe."""
+    variables, coords = {}, {}
+    for name, values in arrays.items():
+        shown, dims, dcoords = _dims_entry(name, param_dims)
+        shape = np.shape(values)[lead:]
+        if dims is None or len(dims) != len(shape):
+            dims = tuple(f"{shown}_dim_{i}" for i in range(len(shape)))
+            dcoords = {}
+        dims = tuple(safe_name(d) for d in dims)
+        for d, size in zip(dims, shape):
+            vals = dcoords.get(d) if d in dcoords else None
+            if vals is None:
+                # coords keyed by the unsanitised dim name
+                for k, v in dcoords.items():
+                    if safe_name(k) == d:
+                        vals = v
+            vals = np.arange(size) if vals is None else np.asarray(list(vals))
+            if len(vals) != size:
+                raise ValueError(f"param_dims[{shown!r}]: dim {d!r} has {len(vals)} coords but the array has {size}")
+            if d in coords and not np.array_equal(coords[d], vals):
+                raise ValueError(f"param_dims: dim {d!r} has different coords in two variables")
+            coords[d] = vals
+        variables[safe_name(shown)] = (dims, np.asarray(values), {"msrm_name": shown})
+    return variables, coords
+
+
+def json_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Attributes NetCDF can hold: nested values become JSON strings."""
+    out = {}
+    for k, v in attrs.items():
+        if isinstance(v, (dict, list, tuple)) or v is None:
+            out[k] = json.dumps(v, default=_atomic._json_default, allow_nan=True, sort_keys=True)
+        elif isinstance(v, (bool, np.bool_)):
+            out[k] = int(v)
+        else:
+            out[k] = v
+    return out
+
+
+def build_inference_data(
+    model,
+    draws_u: np.ndarray,
+    sample_stats: Mapping[str, np.ndarray] | None = None,
+    *,
+    log_likelihood: Mapping[str, np.ndarray] | None = None,
+    observed: Mapping[str, np.ndarray] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+    physical: Mapping[str, np.ndarray] | None = None,
+):
+    """An ``arviz.InferenceData`` from unconstrained draws.
+
+    Args:
+        model: supplies ``constrain`` and ``param_dims()``.
+        draws_u: (chains, draws, num_params) unconstrained draws (also stored, as ``unconstrained`` group).
+        sample_stats: name -> (chains, draws) arrays (diverging, tree_depth, n_steps, step_size, energy, ...).
+        log_likelihood: name -> (chains, draws, n) pointwise log-likelihood (dims ``<name>|node``).
+        observed: name -> array summary of the observed data (``observed_data`` group).
+        attrs: attributes for every group (nested values are JSON-encoded).
+        physical: precomputed physical draws (default :func:`physical_draws`).
+    """
+    import arviz as az
+    import xarray as xr
+
+    draws_u = np.asarray(draws_u, dtype=np.float64)
+    if draws_u.ndim != 3:
+        raise ValueError(f"draws_u must have shape (chains, draws, num_params), got {draws_u.shape}")
+    C, S, d = draws_u.shape
+    param_dims = model.param_dims() if hasattr(model, "param_dims") else {}
+    physical = physical_draws(model.constrain, draws_u) if physical is None else physical
+    chain_draw = {"chain": np.arange(C), "draw": np.arange(S)}
+    a = json_attrs(attrs or {})
+
+    def dataset(arrays, dims_map, lead=2):
+        variables, coords = _dataset_parts(arrays, dims_map, lead)
+        data_vars = {k: (("chain", "draw") + dims if lead == 2 else dims, v, at) for k, (dims, v, at) in variables.items()}
+        return xr.Dataset(data_vars, coords={**(chain_draw if lead == 2 else {}), **coords}, attrs=a)
+
+    groups = {"posterior": dataset(physical, param_dims)}
+    groups["unconstrained_posterior"] = xr.Dataset(
+        {"u": (("chain", "draw", "u_dim"), draws_u)}, coords={**chain_draw, "u_dim": np.arange(d)}, attrs=a
+    )
+    if sample_stats:
+        groups["sample_stats"] = xr.Dataset(
+            {k: (("chain", "draw"), np.asarray(v)) for k, v in sample_stats.items()}, coords=chain_draw, attrs=a
+        )
+    if log_likelihood:
+        ll_dims = {k: ((f"{k}|node",), {}) for k in log_likelihood}
+        groups["log_likelihood"] = dataset(log_likelihood, ll_dims)
+    if observed:
+        obs_dims = {k: (tuple(f"{k}|dim_{i}" for i in range(np.ndim(v))), {}) for k, v in observed.items()}
+        groups["observed_data"] = dataset(observed, obs_dims, lead=0)
+    return az.InferenceData(**groups)
+
+
+def save_netcdf(idata, path: str | Path) -> Path:
+    """Write ``idata`` to NetCDF (h5netcdf) atomically: a temporary file in the same folder, then rename."""
+    path = Path(path)
+    with _atomic.atomic_path(path, suffix=".nc") as tmp:
+        idata.to_netcdf(str(tmp), engine="h5netcdf")
+    return path
+
+
+def load_netcdf(path: str | Path):
+    """Load an archive written by :func:`save_netcdf`; JSON-encoded attributes are decoded back to dicts."""
+    import arviz as az
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"posterior archive {path} not found")
+    idata = az.from_netcdf(str(path), engine="h5netcdf")
+    for group in idata.groups():
+        ds = idata[group]
+        for k in _JSON_ATTRS:
+            if isinstance(ds.attrs.get(k), str):
+                try:
+                    ds.attrs[k] = json.loads(ds.attrs[k])
+                except json.JSONDecodeError:
+                    pass
+    return idata

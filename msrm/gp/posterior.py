@@ -1,0 +1,436 @@
+"""The GP posterior by NumPyro NUTS on the unconstrained vector, with phase timings and warm-up checkpoints.
+
+NUTS runs on ``potential_fn(u) = -model.log_density(u)`` (NumPyro traces it once into its own jitted kernel), with a
+diagonal mass matrix by default. The run is split into ``mcmc.warmup(...)`` and ``mcmc.run(post_warmup_state.rng_key,
+...)`` so that the adapted state between the two can be checkpointed: resuming from the checkpoint executes exactly
+the same sampling call as an uninterrupted run and gives the same draws.
+
+Phases timed separately (``Posterior.timings``, seconds): ``initialisation`` (start points, MAP if asked),
+``compilation`` (JAX tracing/lowering/XLA compile events inside warm-up and sampling, from ``jax.monitoring``),
+``warmup`` and ``sampling`` (wall time minus their compilation), ``draw_conversion`` (unconstrained draws to
+physical InferenceData), ``pointwise_loglik``, ``diagnostics`` (:func:`msrm.diagnostics.summarize`).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .. import _atomic
+
+__all__ = ["sample", "Posterior", "save_checkpoint", "load_checkpoint", "device_identity", "DeviceMismatchError"]
+
+CHAIN_METHODS = ("sequential", "vectorized", "parallel")
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+class DeviceMismatchError(ValueError):
+    """A warm-up checkpoint made on one device identity is resumed on another without ``allow_device_change``."""
+
+
+@dataclass
+class Posterior:
+    """Result of :func:`sample`.
+
+    Fields:
+        inference_data: ArviZ InferenceData (posterior in physical units, sample_stats, observed_data, and
+            log_likelihood when asked); ``attrs`` carry execution_info, timings and sampler settings.
+        timings: seconds per phase (see module docstring) and ``total``.
+        execution_info: where it ran.
+        num_leapfrog: leapfrog steps in the sampling phase (all chains).
+        num_leapfrog_warmup: leapfrog steps in warm-up (None when warm-up draws were not collected).
+        seconds_per_leapfrog: sampling seconds / num_leapfrog (chains run one after another) or per lock-step
+            leapfrog of all chains (vectorized).
+        draws_u: (chains, draws, num_params) unconstrained draws.
+        summary: the diagnostics table (pandas DataFrame) or None.
+        chain_method: the method NumPyro actually used.
+        resumed: sampling started from a warm-up checkpoint.
+        map_result: the MAP fit used as start (init="map").
+    """
+
+    inference_data: Any
+    timings: dict
+    execution_info: dict
+    num_leapfrog: int
+    num_leapfrog_warmup: int | None
+    seconds_per_leapfrog: float | None
+    draws_u: np.ndarray
+    summary: Any = None
+    chain_method: str = "sequential"
+    resumed: bool = False
+    map_result: Any = None
+    sample_stats: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------ timing helpers
+
+
+@contextlib.contextmanager
+def _compile_seconds() -> Iterator[list]:
+    """Collect JAX compile-event durations (tracing, lowering, XLA compile) while the block runs."""
+    import jax.monitoring as monitoring
+
+    acc = [0.0]
+
+    def listener(name, duration, **kwargs):
+        if name in _COMPILE_EVENTS:
+            acc[0] += float(duration)
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield acc
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+
+
+def device_identity() -> dict:
+    """What a warm-up checkpoint binds to: backend, device kind, device list and float width."""
+    from ..runtime import execution_info
+
+    info = execution_info(include_jax=True)
+    return {k: info.get(k) for k in ("backend", "device_kind", "devices", "dtype")}
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+
+def _ckpt_paths(path: str | Path) -> tuple[Path, Path]:
+    p = Path(path)
+    stem = p.with_suffix("") if p.suffix in (".npz", ".json") else p
+    return stem.with_suffix(".npz"), stem.with_suffix(".json")
+
+
+def save_checkpoint(path: str | Path, state, settings: dict) -> Path:
+    """Save NumPyro's post-warm-up ``HMCState`` (step size, inverse mass matrix, position, RNG key, adaptation
+    state) as ``<stem>.npz`` + ``<stem>.json`` (settings, device identity, execution_info, npz SHA-256).
+
+    Leaves are stored by their pytree path, so loading checks the structure leaf by leaf.
+    """
+    import jax
+
+    npz, meta_path = _ckpt_paths(path)
+    leaves, _ = jax.tree_util.tree_flatten_with_path(state)
+    arrays = {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves}
+    _atomic.write_npz(npz, arrays)
+    from ..runtime import execution_info
+
+    meta = {
+        "format": "msrm.nuts_warmup/1",
+        "settings": settings,
+        "device_identity": device_identity(),
+        "execution_info": execution_info(include_jax=True),
+        "leaves": list(arrays),
+        "npz": npz.name,
+        "npz_sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
+    }
+    _atomic.write_json(meta_path, meta)
+    return meta_path
+
+
+def load_checkpoint(path: str | Path, template) -> tuple[Any, dict]:
+    """Rebuild the HMCState saved by :func:`save_checkpoint` on the structure of ``template`` (same sampler)."""
+    import jax
+    import jax.numpy as jnp
+
+    npz, meta_path = _ckpt_paths(path)
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != "msrm.nuts_warmup/1":
+        raise ValueError(f"checkpoint {meta_path}: not an msrm NUTS warm-up checkpoint")
+    if hashlib.sha256(npz.read_bytes()).hexdigest() != meta["npz_sha256"]:
+        raise ValueError(f"checkpoint {npz}: checksum does not match {meta_path.name}")
+    arrays = _atomic.read_npz(npz)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
+    new = []
+    for keypath, tmpl in leaves:
+        name = jax.tree_util.keystr(keypath)
+        if name not in arrays:
+            raise ValueError(f"checkpoint {npz}: missing state leaf {name}")
+        a = arrays[name]
+        if a.shape != tuple(tmpl.shape) or a.dtype != np.dtype(tmpl.dtype):
+            raise ValueError(
+                f"checkpoint {npz}: leaf {name} has shape {a.shape} {a.dtype}, the sampler expects "
+                f"{tuple(tmpl.shape)} {np.dtype(tmpl.dtype)}"
+            )
+        new.append(jnp.asarray(a))
+    return jax.tree_util.tree_unflatten(treedef, new), meta
+
+
+# ------------------------------------------------------------------------------------------ starts
+
+
+def _as_vector(model, value) -> np.ndarray:
+    if hasattr(value, "u") and not hasattr(value, "flatten"):  # a MAPResult
+        value = value.u
+    if isinstance(value, (np.ndarray, list, tuple)):
+        u = np.asarray(value, dtype=np.float64)
+    else:
+        u = np.asarray(model.unconstrain(value), dtype=np.float64)
+    if u.shape != (model.num_params,):
+        raise ValueError(f"init: unconstrained vector has shape {u.shape}, expected ({model.num_params},)")
+    return u
+
+
+def _starts(model, init, num_chains: int, seed: int, init_jitter: float, progress: bool):
+    """(num_chains, d) start points and the MAP result (if computed)."""
+    map_result = None
+    rng = np.random.default_rng([seed, 7])
+    if isinstance(init, str):
+        if init == "map":
+            from .map import fit_map
+
+            map_result = fit_map(model, seed=seed, progress=progress)
+            base = map_result.u
+        elif init == "prior":
+            return np.stack([np.asarray(model.prior_draw(seed + c), dtype=np.float64) for c in range(num_chains)]), None
+        else:
+            raise ValueError(f"init must be 'map', 'prior', Params, a MAPResult or a vector; got {init!r}")
+    else:
+        base = _as_vector(model, init)
+    starts = [base] + [base + init_jitter * rng.standard_normal(base.shape) for _ in range(num_chains - 1)]
+    return np.stack(starts), map_result
+
+
+# ------------------------------------------------------------------------------------------ sample
+
+
+def _check_settings(saved: dict, now: dict, where: Path) -> None:
+    for k, v in now.items():
+        if k in saved and saved[k] != v:
+            raise ValueError(f"checkpoint {where}: {k}={saved[k]!r} was saved, this call has {k}={v!r}")
+
+
+def sample(
+    model,
+    num_warmup: int = 1000,
+    num_samples: int = 1200,
+    num_chains: int = 1,
+    chain_method: str = "sequential",
+    seed: int = 0,
+    max_tree_depth: int = 10,
+    dense_mass: bool = False,
+    init: Any = "map",
+    checkpoint: str | Path | None = None,
+    allow_device_change: bool = False,
+    progress: bool = True,
+    pointwise_loglik: bool = False,
+    archive: str | Path | None = None,
+    *,
+    target_accept_prob: float = 0.8,
+    init_jitter: float = 0.1,
+    diagnostics: bool = True,
+    collect_warmup_stats: bool | None = None,
+) -> Posterior:
+    """NUTS on the unconstrained vector of ``model``; see the module docstring.
+
+    Args:
+        num_warmup, num_samples, num_chains: NumPyro's. ``chain_method``: "sequential", "vectorized" or
+            "parallel" (several devices; NumPyro falls back to sequential with a warning when there are too few).
+        seed: the PRNG seed (``jax.random.PRNGKey(seed)``) and the seed of the start points.
+        max_tree_depth, dense_mass, target_accept_prob: NUTS settings (diagonal mass by default).
+        init: "map" (a MAP fit; chains after the first start at ``u_map + init_jitter * N(0, I)``), "prior"
+            (``model.prior_draw(seed + chain)``), Params, a MAPResult, or an unconstrained vector.
+        checkpoint: path stem of a warm-up checkpoint. Absent: warm up, save, sample. Present: check settings and
+            device identity, skip warm-up, sample from the saved state.
+        allow_device_change: resume a checkpoint made on another device identity.
+        pointwise_loglik: add a ``log_likelihood`` group from ``model.pointwise_log_likelihood(u)``.
+        archive: write the InferenceData to this NetCDF path (atomic).
+        diagnostics: compute :func:`msrm.diagnostics.summarize` (timed) into ``Posterior.summary``.
+        collect_warmup_stats: collect warm-up tree sizes (needs warm-up draws in memory); default when they
+            take under 256 MB.
+    """
+    import jax
+    import jax.numpy as jnp
+    from numpyro.infer import MCMC, NUTS
+
+    from ..runtime import execution_info
+
+    for name, v, lo in (("num_warmup", num_warmup, 0), ("num_samples", num_samples, 1), ("num_chains", num_chains, 1),
+                        ("max_tree_depth", max_tree_depth, 1)):
+        if not isinstance(v, (int, np.integer)) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if chain_method not in CHAIN_METHODS:
+        raise ValueError(f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}")
+    if pointwise_loglik and not hasattr(model, "pointwise_log_likelihood"):
+        raise ValueError("pointwise_loglik=True needs model.pointwise_log_likelihood(u); this model has none")
+    if not jax.config.jax_enable_x64:
+        raise ValueError("float64 is the numerical contract: call msrm.runtime.enable_x64() before sampling")
+
+    timings: dict[str, float] = {}
+    t_total = time.perf_counter()
+    settings = {
+        "num_params": int(model.num_params), "num_warmup": int(num_warmup), "num_chains": int(num_chains),
+        "chain_method": chain_method, "max_tree_depth": int(max_tree_depth), "dense_mass": bool(dense_mass),
+        "target_accept_prob": float(target_accept_prob), "seed": int(seed),
+    }
+    ckpt_json = _ckpt_paths(checkpoint)[1] if checkpoint is not None else None
+    resume = ckpt_json is not None and ckpt_json.exists()
+    if resume:  # refuse before any numerics
+        meta = json.loads(ckpt_json.read_text())
+        _check_settings(meta.get("settings", {}), settings, ckpt_json)
+        here = device_identity()
+        if meta.get("device_identity") != here and not allow_device_change:
+            raise DeviceMismatchError(
+                f"checkpoint {ckpt_json} was made on {meta.get('device_identity')}, this process runs on {here}; "
+                f"pass allow_device_change=True to resume anyway"
+            )
+
+    # ---- initialisation
+    t0 = time.perf_counter()
+    import arviz  # noqa: F401  (imported here so its one-time import cost is not booked as draw conversion)
+    if resume:
+        starts, map_result = None, None
+    else:
+        starts, map_result = _starts(model, init, num_chains, seed, init_jitter, progress)
+        for c, u in enumerate(starts):
+            v, _ = model.value_and_grad(u)
+            if not np.isfinite(v):
+                raise ValueError(f"init: chain {c} starts where the log density is not finite ({v})")
+    log_density = model.log_density
+
+    def potential_fn(u):
+        return -log_density(u)
+
+    kernel = NUTS(potential_fn=potential_fn, max_tree_depth=max_tree_depth, dense_mass=dense_mass,
+                  target_accept_prob=target_accept_prob)
+    mcmc = MCMC(kernel, num_warmup=int(num_warmup),
+                num_samples=int(num_samples), num_chains=int(num_chains), chain_method=chain_method,
+                progress_bar=progress)
+    timings["initialisation"] = time.perf_counter() - t0
+    fields = ("num_steps", "energy", "adapt_state.step_size", "accept_prob", "potential_energy")
+    rng_key = jax.random.PRNGKey(seed)
+    compile_s = 0.0
+    warm_steps = None
+
+    # ---- warm-up (or resume)
+    t0 = time.perf_counter()
+    if resume:
+        template = _template_state(kernel, mcmc, num_chains, chain_method, model.num_params, num_warmup, rng_key)
+        state, _meta = load_checkpoint(checkpoint, template)
+        mcmc.post_warmup_state = state
+        init_params = state.z
+        timings["warmup"] = 0.0
+    else:
+        init_params = jnp.asarray(starts[0] if num_chains == 1 else starts)
+        if collect_warmup_stats is None:
+            collect_warmup_stats = num_chains * num_warmup * model.num_params * 8 <= 2**28
+        with _compile_seconds() as acc:
+            mcmc.warmup(rng_key, init_params=init_params, extra_fields=("num_steps",),
+                        collect_warmup=bool(collect_warmup_stats) and num_warmup > 0)
+            jax.block_until_ready(mcmc.post_warmup_state)
+        if collect_warmup_stats and num_warmup > 0:
+            warm_steps = int(np.asarray(mcmc.get_extra_fields()["num_steps"]).sum())
+        wall = time.perf_counter() - t0
+        compile_s += min(acc[0], wall)
+        timings["warmup"] = wall - min(acc[0], wall)
+        state = mcmc.post_warmup_state
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, state, settings)
+
+    # ---- sampling
+    t0 = time.perf_counter()
+    with _compile_seconds() as acc:
+        mcmc.run(state.rng_key, init_params=init_params, extra_fields=fields)
+        samples = mcmc.get_samples(group_by_chain=True)
+        jax.block_until_ready(samples)
+    wall = time.perf_counter() - t0
+    compile_s += min(acc[0], wall)
+    timings["sampling"] = wall - min(acc[0], wall)
+    timings["compilation"] = compile_s
+
+    # ---- draw conversion
+    t0 = time.perf_counter()
+    draws_u = np.asarray(samples, dtype=np.float64)
+    if draws_u.ndim == 2:
+        draws_u = draws_u[None]
+    extra = {k: np.asarray(v) for k, v in mcmc.get_extra_fields(group_by_chain=True).items()}
+    n_steps = extra["num_steps"].astype(np.int64)
+    stats = {
+        "diverging": extra["diverging"].astype(bool),
+        "n_steps": n_steps,
+        "tree_depth": (np.log2(np.maximum(n_steps, 1)).astype(int) + 1),
+        "step_size": extra["adapt_state.step_size"].astype(np.float64),
+        "energy": extra["energy"].astype(np.float64),
+        "acceptance_rate": extra["accept_prob"].astype(np.float64),
+        "lp": -extra["potential_energy"].astype(np.float64),
+    }
+    from .idata import build_inference_data, physical_draws
+
+    physical = physical_draws(model.constrain, draws_u)
+    timings["draw_conversion"] = time.perf_counter() - t0
+
+    # ---- pointwise log-likelihood
+    t0 = time.perf_counter()
+    loglik = None
+    if pointwise_loglik:
+        C, S, _ = draws_u.shape
+        loglik = {}
+        for c in range(C):
+            for s in range(S):
+                for k, v in model.pointwise_log_likelihood(draws_u[c, s]).items():
+                    loglik.setdefault(k, np.empty((C, S) + np.shape(v)))[c, s] = v
+    timings["pointwise_loglik"] = time.perf_counter() - t0
+
+    num_leapfrog = int(n_steps.sum())
+    if chain_method == "vectorized" and num_chains > 1:
+        lockstep = int(n_steps.max(axis=0).sum())  # the vectorised kernel runs until the longest tree is done
+        per_leapfrog = timings["sampling"] / lockstep if lockstep else None
+    else:
+        per_leapfrog = timings["sampling"] / num_leapfrog if num_leapfrog else None
+    info = model.execution_info() if hasattr(model, "execution_info") else execution_info(include_jax=True)
+    observed = model.observed_summary() if hasattr(model, "observed_summary") else None
+    sampler = {**settings, "num_samples": int(num_samples), "chain_method_used": str(mcmc.chain_method),
+               "num_leapfrog": num_leapfrog, "num_leapfrog_warmup": warm_steps, "resumed": bool(resume),
+               "seconds_per_leapfrog": per_leapfrog}
+
+    t_conv = time.perf_counter()
+    idata = build_inference_data(model, draws_u, stats, log_likelihood=loglik, observed=observed,
+                                 attrs={"execution_info": info, "sampler": sampler}, physical=physical)
+    timings["draw_conversion"] += time.perf_counter() - t_conv
+    # ---- diagnostics
+    t0 = time.perf_counter()
+    summary = None
+    if diagnostics:
+        from ..diagnostics import summarize
+
+        summary = summarize(idata)
+    timings["diagnostics"] = time.perf_counter() - t0
+    timings["total"] = time.perf_counter() - t_total
+    for group in idata.groups():
+        idata[group].attrs["timings"] = json.dumps(timings)
+    if archive is not None:
+        from .idata import save_netcdf
+
+        save_netcdf(idata, archive)
+    return Posterior(
+        inference_data=idata, timings=timings, execution_info=info, num_leapfrog=num_leapfrog,
+        num_leapfrog_warmup=warm_steps, seconds_per_leapfrog=per_leapfrog, draws_u=draws_u, summary=summary,
+        chain_method=str(mcmc.chain_method), resumed=bool(resume), map_result=map_result, sample_stats=stats,
+    )
+
+
+def _template_state(kernel, mcmc, num_chains, chain_method, num_params, num_warmup, rng_key):
+    """An HMCState with the right pytree structure, shapes and dtypes for loading a checkpoint into.
+
+    Built with ``jax.eval_shape`` so no gradient is evaluated.
+    """
+    import copy
+
+    import jax
+    import jax.numpy as jnp
+
+    k = copy.copy(kernel)
+    z = jnp.zeros((num_params,))
+    one = jax.eval_shape(lambda key, u: k.init(key, num_warmup, u, (), {}), rng_key, z)
+    if num_chains == 1:
+        return one
+    return jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct((num_chains,) + s.shape, s.dtype), one)

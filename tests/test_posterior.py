@@ -1,0 +1,149 @@
+"""NUTS posterior on the conjugate toy model: accuracy against the exact posterior, checkpoints, archives."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import msrm.runtime
+from msrm.gp import idata as idata_mod
+from msrm.gp.posterior import DeviceMismatchError, sample
+
+from toy_model import ToyModel
+
+pytest.importorskip("numpyro")
+SETTINGS = dict(num_warmup=300, num_samples=600, num_chains=2, seed=1, max_tree_depth=6, progress=False)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One uninterrupted run (warm-up, checkpoint saved on the way, sampling), shared by the tests below."""
+    msrm.runtime.enable_x64()
+    folder = tmp_path_factory.mktemp("nuts")
+    model = ToyModel(seed=2)
+    post = sample(model, init="map", checkpoint=folder / "warm", pointwise_loglik=True,
+                  archive=folder / "post.nc", **SETTINGS)
+    return model, post, folder
+
+
+def test_posterior_matches_the_exact_gaussian(run):
+    model, post, _ = run
+    s = post.summary
+    assert int(post.sample_stats["diverging"].sum()) == 0
+    assert s.attrs["divergences"]["num_divergent"] == 0
+    assert (s["r_hat"] < 1.05).all()
+    exact = model.posterior_mean_physical()
+    want = np.concatenate([exact["beta"].ravel(), [exact["scale"]]])
+    got = s["mean"].to_numpy()
+    # within 4 Monte Carlo standard errors of the exact posterior mean
+    assert np.all(np.abs(got - want) < 4 * s["mcse_mean"].to_numpy()), (got, want, s["mcse_mean"].to_numpy())
+    # 90% central intervals of the exact marginals vs the draws' 5% / 95% quantiles: coverage of the exact mean
+    # and agreement of the interval ends with the exact Gaussian quantiles (to a few MC errors)
+    sd_u = np.sqrt(np.diag(model.post_cov))
+    z95 = 1.6448536269514722
+    lo_u, hi_u = model.post_mean - z95 * sd_u, model.post_mean + z95 * sd_u
+    lo = np.concatenate([lo_u[:-1], [np.exp(lo_u[-1])]])
+    hi = np.concatenate([hi_u[:-1], [np.exp(hi_u[-1])]])
+    assert np.all((s["q5"].to_numpy() < want) & (want < s["q95"].to_numpy()))
+    width = hi - lo
+    np.testing.assert_allclose(s["q5"].to_numpy(), lo, atol=0.1 * width.max())
+    np.testing.assert_allclose(s["q95"].to_numpy(), hi, atol=0.1 * width.max())
+    # the unconstrained draws have the exact covariance (to sampling error)
+    u = post.draws_u.reshape(-1, model.num_params)
+    np.testing.assert_allclose(np.cov(u.T), model.post_cov, atol=0.25 * np.abs(model.post_cov).max())
+
+
+def test_timings_leapfrogs_and_inference_data(run):
+    model, post, _ = run
+    for phase in ("initialisation", "compilation", "warmup", "sampling", "draw_conversion", "pointwise_loglik",
+                  "diagnostics", "total"):
+        assert post.timings[phase] >= 0, phase
+    assert post.timings["total"] >= post.timings["warmup"] + post.timings["sampling"]
+    n_steps = post.sample_stats["n_steps"]
+    assert post.num_leapfrog == int(n_steps.sum()) > 0
+    assert post.num_leapfrog_warmup is not None and post.num_leapfrog_warmup > 0
+    assert post.seconds_per_leapfrog == pytest.approx(post.timings["sampling"] / post.num_leapfrog)
+    assert post.map_result is not None and post.map_result.converged
+    idata = post.inference_data
+    assert set(idata.groups()) >= {"posterior", "sample_stats", "log_likelihood", "observed_data"}
+    beta = idata.posterior["beta"]
+    assert beta.dims == ("chain", "draw", "feature", "factor")
+    assert list(beta.coords["feature"].values) == ["f0", "f1"]
+    np.testing.assert_allclose(beta.values.reshape(2, 600, -1), post.draws_u[:, :, :-1])
+    np.testing.assert_allclose(idata.posterior["scale"].values, np.exp(post.draws_u[:, :, -1]))
+    for name in ("diverging", "tree_depth", "n_steps", "step_size", "energy"):
+        assert idata.sample_stats[name].shape == (2, 600), name
+    depth = idata.sample_stats["tree_depth"].values
+    assert depth.max() <= SETTINGS["max_tree_depth"]
+    np.testing.assert_array_equal(depth, np.floor(np.log2(n_steps)).astype(int) + 1)
+    # pointwise log-likelihood equals the model's at one draw
+    ll = idata.log_likelihood["y"].values
+    np.testing.assert_allclose(ll[1, 7], model.pointwise_log_likelihood(post.draws_u[1, 7])["y"], rtol=1e-12)
+    info = json.loads(idata.posterior.attrs["execution_info"])
+    assert info["dtype"] == "float64" and info["backend"] == "cpu"
+
+
+def test_checkpoint_resume_gives_the_same_draws_and_device_checks(run):
+    model, post, folder = run
+    ck = json.loads((folder / "warm.json").read_text())
+    assert ck["device_identity"]["backend"] == "cpu" and ck["settings"]["num_warmup"] == 300
+    # a checkpoint from "another device" is refused before any numerics ...
+    other = folder / "other"
+    shutil.copy(folder / "warm.npz", other.with_suffix(".npz"))
+    ck["device_identity"]["device_kind"] = "NVIDIA Imaginary 9000"
+    (other.with_suffix(".json")).write_text(json.dumps(ck))
+    calls = model.num_value_and_grad
+    with pytest.raises(DeviceMismatchError, match="allow_device_change=True"):
+        sample(model, checkpoint=other, **SETTINGS)
+    assert model.num_value_and_grad == calls
+    # ... settings that differ from the saved ones too
+    with pytest.raises(ValueError, match="max_tree_depth=6 was saved"):
+        sample(model, checkpoint=folder / "warm", **{**SETTINGS, "max_tree_depth": 7})
+    # ... and resumed when allowed: sampling continues from the saved adapted state, the same chain as the
+    # uninterrupted run (which saved the checkpoint on its way)
+    resumed = sample(model, checkpoint=other, allow_device_change=True, diagnostics=False, **SETTINGS)
+    assert resumed.resumed and not post.resumed
+    np.testing.assert_array_equal(resumed.draws_u, post.draws_u)
+    np.testing.assert_array_equal(resumed.sample_stats["step_size"], post.sample_stats["step_size"])
+
+
+def test_netcdf_archive_round_trip(run):
+    _, post, folder = run
+    back = idata_mod.load_netcdf(folder / "post.nc")
+    np.testing.assert_array_equal(back.posterior["beta"].values, post.inference_data.posterior["beta"].values)
+    np.testing.assert_array_equal(back.sample_stats["diverging"].values, post.sample_stats["diverging"])
+    assert back.posterior.attrs["execution_info"]["dtype"] == "float64"
+    assert set(back.posterior.attrs["timings"]) >= {"warmup", "sampling", "diagnostics"}
+    assert not list(folder.glob(".*.tmp*")), "no temporary files left behind"
+
+
+def test_safe_names_and_dims_matching():
+    assert idata_mod.safe_name("loadings[p0/brain]") == "loadings[p0|brain]"
+    dims = {"loadings[p0/brain]": (("p0/brain:feature", "factor"), {"factor": [0, 1]})}
+    name, d, coords = idata_mod._dims_entry("loadings/p0/brain", dims)
+    assert name == "loadings[p0/brain]" and d == ("p0/brain:feature", "factor")
+
+
+def test_bad_arguments_raise_before_numerics():
+    msrm.runtime.enable_x64()
+    m = ToyModel()
+    with pytest.raises(ValueError, match="chain_method must be one of"):
+        sample(m, chain_method="threads", progress=False)
+    with pytest.raises(ValueError, match="num_samples must be an integer >= 1"):
+        sample(m, num_samples=0, progress=False)
+    with pytest.raises(ValueError, match="init must be 'map', 'prior'"):
+        sample(m, init="mode", progress=False)
+    assert m.num_value_and_grad == 0
+
+
+@pytest.mark.slow
+def test_vectorized_chains_sample_the_same_posterior():
+    msrm.runtime.enable_x64()
+    m = ToyModel(seed=2)
+    post = sample(m, chain_method="vectorized", init="prior", **SETTINGS)
+    assert post.chain_method == "vectorized"
+    assert (post.summary["r_hat"] < 1.05).all()
+    u = post.draws_u.reshape(-1, m.num_params).mean(axis=0)
+    assert np.all(np.abs(u - m.post_mean) < 5 * np.sqrt(np.diag(m.post_cov) / 300))
