@@ -1,11 +1,5 @@
 """Crash safety: a process killed with SIGKILL mid-write leaves the previous file intact and readable."""
 import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,41 +7,12 @@ import pytest
 
 from msrm import _atomic
 from msrm.bench.rows import make_row, read_rows, write_rows
-
-WRITER = textwrap.dedent(
-    """
-    import sys, time, numpy as np
-    from msrm import _atomic
-    from msrm.bench.rows import make_row, write_rows
-    kind, path, flag = sys.argv[1], sys.argv[2], sys.argv[3]
-    big = {"x": np.random.default_rng(1).standard_normal(4_000_000)}  # ~32 MB: a write takes a while
-    open(flag, "w").close()
-    i = 0
-    while True:
-        i += 1
-        if kind == "npz":
-            big["i"] = np.array(i)
-            _atomic.write_npz(path, big)
-        elif kind == "jsonl":
-            write_rows(path, [make_row("crash", "loop", "i", float(i), "count", info={"pad": "x" * 200000})])
-        else:
-            _atomic.write_json(path, {"i": i, "pad": list(range(200000))})
-    """
-)
+from msrm.reliability.crash import kill_during_writes
 
 
 def _kill_mid_write(kind: str, path: Path, tmp_path: Path, delay: float) -> None:
-    flag = tmp_path / f"started-{kind}"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, kind, str(path), str(flag)])
-    try:
-        t0 = time.time()
-        while not flag.exists():
-            assert time.time() - t0 < 60, "writer did not start"
-            time.sleep(0.01)
-        time.sleep(delay)
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+    report = kill_during_writes(kind, path, delay)
+    assert report["readable"], report
 
 
 @pytest.mark.parametrize("delay", [0.3, 0.75, 1.3])
