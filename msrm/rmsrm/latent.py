@@ -41,15 +41,19 @@ def latent_blocks(prep: Prepared, state: RState, stats: Stats, r: int):
         a = slot_weights(prep, sl, group_theta(prep, state, sl.group))
         n, w = a.shape
         start = sl.layout.start
-        M = stats.M[r][sl_i].reshape(n, K * K)
+        M = stats.M[r][sl_i]
         G = stats.G[r][sl_i]
-        # pairs p <= q of window positions: block (start+p, start+q) gets a_ip a_iq M_i
-        P, Q = np.triu_indices(w)
-        vals = a[:, P] * a[:, Q]
-        rows = (Q - P)[None, :] * J + start[:, None] + P[None, :]
-        cols = np.broadcast_to(np.arange(n)[:, None], rows.shape)
-        T = sp.csr_matrix((vals.ravel(), (rows.ravel(), cols.ravel())), shape=(w * J, n))
-        B[:w] += (T @ M).reshape(w, J, K, K)
+        # Block (start_i + p, start_i + p + d) gets a_ip a_i,p+d M_i. Pair products ordered like sl.pair_rows
+        # (d, then p); a complete slot has one M, so the scatter is one bincount, else one sparse product.
+        vals = np.concatenate([a[:, : w - d] * a[:, d:] for d in range(w)], axis=1)
+        if sl.complete:
+            sums = np.bincount(sl.pair_rows.ravel(), weights=vals.ravel(), minlength=w * J)
+            B[:w] += sums.reshape(w, J)[:, :, None, None] * M[0][None, None]
+        else:
+            npairs = vals.shape[1]
+            T = sp.csc_matrix((vals.ravel(), sl.pair_rows.ravel(), np.arange(0, n * npairs + 1, npairs)),
+                              shape=(w * J, n))
+            B[:w] += (T @ M.reshape(n, K * K)).reshape(w, J, K, K)
         # h = A^T G
         hrows = (start[:, None] + np.arange(w)[None, :]).ravel()
         for k in range(K):

@@ -41,12 +41,17 @@ class Slot(NamedTuple):
         times: (n,) sample times in seconds.
         layout: static response windows of these times on the run's grid (``msrm.operators.window_layout``).
         streams: indices into ``RunData.streams`` of the member streams.
+        pair_rows: (n, w (w + 1) / 2) int64: for sample i and window positions p <= q = p + d (ordered by d, then
+            p), the row ``d J + start_i + p`` of block band d at grid point start_i + p (latent.latent_blocks).
+        complete: True if every member stream is observed everywhere in this run (then M_i is one K x K matrix).
     """
 
     group: int
     times: np.ndarray
     layout: WindowLayout
     streams: tuple[int, ...]
+    pair_rows: np.ndarray
+    complete: bool
 
 
 class StreamData(NamedTuple):
@@ -202,7 +207,12 @@ def prepare_rmsrm(data: Dataset, spec: ModelSpec, roughness: float | None = None
         for sl_i, (sig, members) in enumerate(slot_members.items()):
             layout = window_layout(slot_times[sig], groups[sig[0]].response, grid)
             band = max(band, layout.width)
-            slots.append(Slot(sig[0], slot_times[sig], layout, tuple(members)))
+            w, J = layout.width, grid.size
+            pair_rows = np.concatenate(
+                [d * J + layout.start[:, None] + np.arange(w - d)[None, :] for d in range(w)], axis=1
+            )
+            complete = all(streams[s_i][3] is None for s_i in members)
+            slots.append(Slot(sig[0], slot_times[sig], layout, tuple(members), pair_rows, complete))
             for s_i in members:
                 streams[s_i][1] = sl_i
         runs.append(
