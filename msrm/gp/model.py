@@ -1,0 +1,344 @@
+r"""GPMSRM: the user-facing GP-MSRM model (a thin layer over prepared data and jitted pure functions).
+
+::
+
+    msrm.runtime.enable_x64()
+    model = msrm.GPMSRM(data, spec, linear_algebra="grouped")   # "dense" | "grouped" | "state_space"
+    model.log_likelihood(params)                                # log p(Y | params), latents integrated out
+    u = model.unconstrain(params); value, grad = model.value_and_grad(u)
+
+Construction validates data against spec, prepares the backend once (NumPy) and builds three jitted functions
+(log likelihood of a constrained pytree; log density of ``u``; its value and gradient through one
+``jax.value_and_grad``). Each is traced once per model. The log density is
+``log p(y | theta(u)) + log p(theta(u)) + log|d theta/d u|`` with the priors and transforms of
+:mod:`msrm.gp.transforms`. Guard events of the factorization are counted on the host after every call
+(:meth:`GPMSRM.guard_events`).
+
+Backends are pairs ``prepare(data, spec, **options) -> prepared`` and ``loglik(theta, prepared) -> (value,
+events)``: ``"dense"``/``"grouped"`` are :mod:`msrm.gp.prepare` + :mod:`msrm.gp.likelihood`;
+``"state_space"`` is :mod:`msrm.gp.state_space` (issue 5), imported only when asked for.
+"""
+from __future__ import annotations
+
+import collections
+import importlib
+
+import numpy as np
+
+from .. import runtime
+from ..data import Dataset
+from ..nodes import response_groups
+from ..params import Params
+from ..spec import ModelSpec
+from . import transforms as tf
+
+__all__ = ["GPMSRM", "LINEAR_ALGEBRA"]
+
+LINEAR_ALGEBRA = ("dense", "grouped", "state_space")
+_STATE_SPACE_OPTIONS = ("response_embedding", "parallel", "checkpoint_every", "n_states")
+
+
+def _require_x64() -> None:
+    import jax
+
+    if not jax.config.jax_enable_x64:
+        raise RuntimeError(
+            "GPMSRM needs float64 but JAX is running in float32; call msrm.runtime.enable_x64() "
+            "(or msrm.runtime.configure(...)) before building the model"
+        )
+
+
+def params_to_theta(params: Params):
+    """The constrained pytree of the backend interface from a Params object (JAX float64 arrays)."""
+    import jax.numpy as jnp
+
+    return {
+        "loadings": {k: jnp.asarray(v) for k, v in params.loadings.items()},
+        "intercepts": {k: jnp.asarray(v) for k, v in params.intercepts.items()},
+        "noise_sd": {k: jnp.asarray(v) for k, v in params.noise_sd.items()},
+        "lengthscales": jnp.asarray(params.lengthscales),
+        "response": {k: {n: jnp.asarray(x, dtype=jnp.float64) for n, x in d.items()} for k, d in params.response.items()},
+    }
+
+
+class GPMSRM:
+    """GP-MSRM with latents integrated out.
+
+    Args:
+        data: the Dataset.
+        spec: the ModelSpec.
+        linear_algebra: ``"grouped"`` (node-space Woodbury, default), ``"dense"`` (ungrouped reference) or
+            ``"state_space"`` (Kalman filter, issue 5).
+        method: factorization path for dense/grouped: ``"auto"`` (LAPACK callback on the CPU platform, native
+            JAX elsewhere), ``"callback"`` or ``"native"``.
+        priors: ``None`` (defaults), a :class:`~msrm.gp.transforms.Priors`, or a dict overriding names of
+            :data:`~msrm.gp.transforms.PRIOR_DEFAULTS`.
+        response_embedding, parallel, checkpoint_every, n_states: state-space options, passed through.
+    Raises:
+        KeyError: a modality without a response in the spec; unknown prior names.
+        ValueError: bad arguments (named).
+        RuntimeError: JAX is not in float64 mode.
+        MemoryGuardError: the factorization would not fit in memory (suggests ``state_space``).
+        NotImplementedError: ``state_space`` requested but its backend is not available.
+    """
+
+    def __init__(self, data: Dataset, spec: ModelSpec, linear_algebra: str = "grouped", *, method: str = "auto",
+                 priors=None, response_embedding=None, parallel=None, checkpoint_every=None, n_states=None):
+        if not isinstance(data, Dataset):
+            raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
+        if not isinstance(spec, ModelSpec):
+            raise ValueError(f"spec must be an msrm.ModelSpec, got {type(spec).__name__}")
+        if linear_algebra not in LINEAR_ALGEBRA:
+            raise ValueError(f"linear_algebra must be one of {LINEAR_ALGEBRA}, got {linear_algebra!r}")
+        if method not in ("auto", "callback", "native"):
+            raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
+        self.groups = response_groups(data, spec)  # KeyError for a modality without a response
+        ss_options = {k: v for k, v in zip(_STATE_SPACE_OPTIONS, (response_embedding, parallel, checkpoint_every,
+                                                                  n_states)) if v is not None}
+        if ss_options and linear_algebra != "state_space":
+            raise ValueError(f"options {sorted(ss_options)} apply only to linear_algebra='state_space'")
+        self.data, self.spec, self.linear_algebra, self.method = data, spec, linear_algebra, method
+        self.blocks = tf.param_blocks(data, spec)
+        if isinstance(priors, tf.Priors):
+            self.priors = priors
+        elif priors is None or isinstance(priors, dict):
+            self.priors = tf.default_priors(data, spec, priors)
+        else:
+            raise ValueError(f"priors must be None, a dict of overrides or a Priors, got {type(priors).__name__}")
+        _require_x64()
+
+        import jax
+
+        if linear_algebra == "state_space":
+            try:
+                backend = importlib.import_module("msrm.gp.state_space")
+            except ModuleNotFoundError as exc:
+                raise NotImplementedError(
+                    "linear_algebra='state_space' is not available yet (issue 5: msrm.gp.state_space)"
+                ) from exc
+            if not (hasattr(backend, "prepare") and hasattr(backend, "loglik")):
+                raise NotImplementedError(
+                    "linear_algebra='state_space' is not available yet (issue 5: msrm.gp.state_space has no "
+                    "prepare/loglik)"
+                )
+            prepared = backend.prepare(data, spec, **ss_options)
+        else:
+            from . import likelihood
+            from . import prepare as prep
+
+            backend = likelihood
+            prepared = prep.prepare(data, spec, grouped=linear_algebra == "grouped", method=method)
+            self._check_memory(prepared)
+        self._backend_loglik = backend.loglik
+        self.prepared = jax.device_put(prepared)
+        self._priors_dev = jax.device_put(self.priors)
+        self._events: collections.Counter = collections.Counter()
+
+        blocks, loglik = self.blocks, self._backend_loglik
+
+        def density_and_events(u, prepared, priors):
+            theta, log_jac = tf.constrain(u, blocks)
+            value, events = loglik(theta, prepared)
+            return value + tf.log_prior(theta, priors, blocks) + log_jac, events
+
+        self._density_and_events = density_and_events
+        self._loglik_jit = jax.jit(loglik)
+        self._density_jit = jax.jit(density_and_events)
+        self._vg_jit = jax.jit(jax.value_and_grad(density_and_events, has_aux=True))
+
+    # ------------------------------------------------------------------------------------------ sizes
+    @property
+    def node_counts(self) -> list[int]:
+        """Nodes per run of the prepared backend (dense/grouped)."""
+        runs = getattr(self.prepared, "runs", ())
+        return [int(r.layout.n_nodes) for r in runs if hasattr(r, "layout")]
+
+    @property
+    def factorization_dims(self) -> list[int]:
+        """N K per run: the dimension of the dense factorization (dense/grouped)."""
+        return [n * self.spec.n_factors for n in self.node_counts]
+
+    def _check_memory(self, prepared) -> None:
+        from . import memory
+
+        extra, largest = 0, 0
+        K = self.spec.n_factors
+        for run in prepared.runs:
+            N = run.layout.n_nodes
+            # kept alive across the backward pass per run: M's factor and C_k (plus temporaries of one (NK)^2)
+            extra += 8 * (2 * (N * K) ** 2 + 2 * K * N * N)
+            largest = max(largest, N * K)
+        memory.check_memory(
+            memory.predict_peak_bytes(largest, 1, extra=extra),
+            what=f"the {self.linear_algebra} GP likelihood (largest factorization N*K = {largest})",
+            dim=largest,
+        )
+
+    @property
+    def num_params(self) -> int:
+        return int(self.blocks[-1].start + self.blocks[-1].size)
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        """Flat scalar names in ``u`` order, e.g. ``"loadings/p1/brain[12,0]"``, ``"response/rating/lag"``."""
+        names: list[str] = []
+        for b in self.blocks:
+            if not b.shape:
+                names.append(b.name)
+            else:
+                names.extend(f"{b.name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*b.shape))
+        return tuple(names)
+
+    def param_dims(self) -> dict[str, tuple[tuple[str, ...], dict[str, list]]]:
+        """Named dimensions per block for xarray/ArviZ: ``{block name: (dims, coords)}``.
+
+        Dims are ``"<participant>_<modality>_feature"`` (one per stream, sizes differ) and ``"factor"``;
+        response parameters are scalars (no dims). Names contain no ``/`` (NetCDF-safe).
+        """
+        out = {}
+        K = self.spec.n_factors
+        for b in self.blocks:
+            if b.field in ("loadings", "intercepts", "noise_sd"):
+                fdim = b.key.replace("/", "_") + "_feature"
+                dims = (fdim, "factor") if b.field == "loadings" else (fdim,)
+                coords = {fdim: list(range(b.shape[0]))}
+                if b.field == "loadings":
+                    coords["factor"] = list(range(K))
+                out[b.name] = (dims, coords)
+            elif b.field == "lengthscales":
+                out[b.name] = (("factor",), {"factor": list(range(K))})
+            else:
+                out[b.name] = ((), {})
+        return out
+
+    # ------------------------------------------------------------------------------------------ transforms
+    def unconstrain(self, params: Params) -> np.ndarray:
+        """Flat unconstrained float64 vector of validated Params."""
+        params.validate(self.data, self.spec)
+        return tf.unconstrain(params, self.blocks)
+
+    def constrain(self, u) -> Params:
+        """Params from a flat unconstrained vector."""
+        theta, _ = tf.constrain(self._check_u(u), self.blocks)
+        return tf.theta_to_params(theta)
+
+    def constrained_blocks(self, u) -> dict[str, np.ndarray]:
+        """``{block name: physical values}`` (NumPy) of a flat vector, in block order."""
+        theta, _ = tf.constrain(self._check_u(u), self.blocks)
+        out = {}
+        for b in self.blocks:
+            if b.field == "lengthscales":
+                out[b.name] = np.asarray(theta["lengthscales"])
+            elif b.field == "response":
+                out[b.name] = np.asarray(theta["response"][b.key][b.pname])
+            else:
+                out[b.name] = np.asarray(theta[b.field][b.key])
+        return out
+
+    def _check_u(self, u) -> np.ndarray:
+        u = np.asarray(u, dtype=np.float64)
+        if u.shape != (self.num_params,):
+            raise ValueError(f"u must have shape ({self.num_params},), got {u.shape}")
+        if not np.isfinite(u).all():
+            bad = [self.param_names[i] for i in np.flatnonzero(~np.isfinite(u))[:5]]
+            raise ValueError(f"u contains non-finite values (first at {bad})")
+        return u
+
+    # ------------------------------------------------------------------------------------------ densities
+    def _record(self, events) -> None:
+        for e in np.asarray(events).reshape(-1).tolist():
+            self._events[int(e)] += 1
+
+    def log_likelihood(self, params: Params) -> float:
+        """``log p(Y | params)`` summed over runs (Params validated before any numerics)."""
+        params.validate(self.data, self.spec)
+        value, events = self._loglik_jit(params_to_theta(params), self.prepared)
+        self._record(events)
+        return float(value)
+
+    def log_density(self, u):
+        """Log density of ``u`` as a JAX scalar (pure; traceable by NumPyro). Guard events are not recorded."""
+        return self._density_and_events(u, self.prepared, self._priors_dev)[0]
+
+    def log_density_and_events(self, u):
+        """``(log density, events)`` as JAX values (pure)."""
+        return self._density_and_events(u, self.prepared, self._priors_dev)
+
+    def value_and_grad(self, u) -> tuple[float, np.ndarray]:
+        """Log density and its gradient through one jitted ``jax.value_and_grad``."""
+        (value, events), grad = self._vg_jit(self._check_u(u), self.prepared, self._priors_dev)
+        self._record(events)
+        return float(value), np.asarray(grad)
+
+    def guard_events(self) -> dict[int, int]:
+        """Counts of factorization event codes seen so far (0 plain, k>0 jitter rung, -1 fallback, -2 non-finite)."""
+        return dict(sorted(self._events.items()))
+
+    # ------------------------------------------------------------------------------------------ starts
+    def initial_params(self, seed: int = 0) -> Params:
+        """A data-driven starting point.
+
+        Loadings: for streams with more than K features, the leading K principal directions of the centred
+        values (missing as 0) scaled by singular value / sqrt(n); for smaller streams, seeded normal draws of
+        size ``0.5 sd_f / sqrt(K)``. Intercepts: observed means. Noise: ``sqrt(max(sd_f^2 - |w_f|^2,
+        0.25 sd_f^2))``. Lengthscales: ``5 latent_dt`` to ``10 latent_dt`` (geometric over factors). Lags and
+        widths: mid-range.
+        """
+        rng = np.random.default_rng(seed)
+        K = self.spec.n_factors
+        means, sds = tf.data_scale(self.data)
+        loadings, noise = {}, {}
+        for key in self.data.stream_keys:
+            Y = np.concatenate([r.stream(key).values for r in self.data.runs if key in r.keys], axis=0)
+            F = Y.shape[1]
+            if F > K:
+                Yc = np.where(np.isnan(Y), 0.0, Y - means[key])
+                _, S, Vt = np.linalg.svd(Yc, full_matrices=False)
+                W = (Vt[:K].T * S[:K]) / np.sqrt(Y.shape[0])
+                W = W + 1e-3 * sds[key][:, None] * rng.standard_normal((F, K))
+            else:
+                W = rng.standard_normal((F, K)) * (0.5 * sds[key] / np.sqrt(K))[:, None]
+            loadings[key] = W
+            var = sds[key] ** 2
+            noise[key] = np.sqrt(np.maximum(var - (W * W).sum(axis=1), 0.25 * var))
+        response = {}
+        for g in self.groups:
+            if g.param_key is not None:
+                response[g.param_key] = {n: 0.5 * sum(g.response.bounds[n]) for n in g.response.param_names}
+        ell = self.spec.latent_dt * np.geomspace(5.0, 10.0, K) if K > 1 else np.array([7.0 * self.spec.latent_dt])
+        return Params(loadings, means, noise, ell, response)
+
+    def prior_draw(self, seed: int = 0) -> np.ndarray:
+        """A flat unconstrained vector drawn from the prior (seeded)."""
+        return tf.prior_draw(seed, self.priors, self.blocks)
+
+    # ------------------------------------------------------------------------------------------ evidence
+    def execution_info(self) -> dict:
+        info = runtime.execution_info(include_jax=True)
+        info.update(
+            linear_algebra=self.linear_algebra,
+            method=self.method,
+            num_params=self.num_params,
+            n_runs=len(self.data.runs),
+            node_counts=self.node_counts,
+            factorization_dims=self.factorization_dims,
+            n_observed=self.data.n_observed,
+        )
+        return info
+
+    # ------------------------------------------------------------------------------------------ inference
+    def fit_map(self, **kwargs):
+        """MAP fit: forwards to :func:`msrm.gp.map.fit_map` (issue 6)."""
+        from .map import fit_map
+
+        return fit_map(self, **kwargs)
+
+    def sample(self, **kwargs):
+        """NUTS posterior: forwards to :func:`msrm.gp.posterior.sample` (issue 6)."""
+        from .posterior import sample
+
+        return sample(self, **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"GPMSRM(linear_algebra={self.linear_algebra!r}, runs={len(self.data.runs)}, "
+                f"num_params={self.num_params}, nodes={self.node_counts})")

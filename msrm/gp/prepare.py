@@ -1,0 +1,289 @@
+r"""NumPy preparation of the dense and grouped GP-MSRM likelihoods: once per model, static shapes.
+
+A prepared run is a :class:`RunPrepared` NamedTuple with two parts:
+
+* ``layout`` (:class:`RunLayout`): everything static - node table, grid distances, response windows, the
+  sample-to-node maps and the per-node choice of the factor ``R_u`` (below). It is a JAX pytree node **without
+  leaves**, compared by identity, so a whole prepared object can be handed to ``jax.jit`` as an argument: only
+  the data arrays are traced, the layout travels in the tree structure.
+* ``streams`` (tuple of :class:`StreamStats`): the data arrays of each stream (values with NaN -> 0, the
+  observation mask when something is missing) and its constant data terms, computed once:
+
+  .. math::
+
+      S_{1,f} = \sum_i m_{if} y_{if}, \qquad S_{2,f} = \sum_i m_{if} y_{if}^2, \qquad n_f = \sum_i m_{if},
+
+  so that ``r^T D^-1 r = sum_f (S2_f - 2 b_f S1_f + n_f b_f^2) / sigma_f^2`` needs no pass over the data.
+
+**The factor R_u** (``Lambda_u = R_u^T R_u``, K x K). A node's information matrix
+``Lambda_u = sum W^T diag(m / sigma^2) W`` sums one rank-one term ``w_f w_f^T / sigma_f^2`` per observed feature
+row at the node. It is singular when the node sees at most K observed rows (e.g. a node reached only by
+one-feature streams, or a sample whose features are mostly missing), where a Cholesky factor would be NaN.
+The choice is made here, statically, per node: if the node's observed-row count is ``<= K``, ``R_u`` is the
+stacked rows ``w_f / sigma_f`` (zero-padded to K rows; exact, since their Gram matrix is ``Lambda_u``);
+otherwise ``R_u = chol(Lambda_u)^T``, computed in JAX (``Lambda_u`` is then generically positive definite).
+``low_rows``/``low_feats`` of each :class:`StreamLayout` say which row of the flattened (N K, K) factor each
+observed value of a low-count node fills.
+
+``dense`` is the same preparation on the ungrouped node table (every (stream, sample) its own node).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from ..data import Dataset, Run, Stream
+from ..nodes import ResponseGroup, prepare_nodes, response_groups
+from ..operators import WindowLayout, window_layout
+from ..responses import Response
+from ..spec import ModelSpec
+from .kernels import grid_distances
+
+__all__ = [
+    "StreamStats",
+    "StreamLayout",
+    "GroupLayout",
+    "RunLayout",
+    "RunPrepared",
+    "Prepared",
+    "prepare_stream_stats",
+    "prepare_run",
+    "prepare",
+]
+
+
+class StreamStats(NamedTuple):
+    """Data arrays of one stream in one run (the traced leaves).
+
+    Fields:
+        Y0: (n_s, F) values with NaN replaced by 0.
+        mask: (n_s, F) 1.0 where observed, 0.0 where missing; ``None`` when nothing is missing.
+        S1: (F,) ``sum_i m y``.
+        S2: (F,) ``sum_i m y^2``.
+        n_f: (F,) observed count per feature.
+    """
+
+    Y0: np.ndarray
+    mask: np.ndarray | None
+    S1: np.ndarray
+    S2: np.ndarray
+    n_f: np.ndarray
+
+
+def prepare_stream_stats(stream: Stream) -> StreamStats:
+    """Per-stream data arrays and constant data terms (shared by every backend)."""
+    observed = stream.mask
+    Y0 = np.where(observed, stream.values, 0.0)
+    m = observed.astype(np.float64)
+    return StreamStats(
+        Y0=Y0,
+        mask=None if observed.all() else m,
+        S1=Y0.sum(axis=0),
+        S2=(Y0 * Y0).sum(axis=0),
+        n_f=m.sum(axis=0),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class StreamLayout:
+    """Static placement of one stream's samples in the node table.
+
+    Fields:
+        key: stream key ``"participant/modality"``.
+        group: index of its response group.
+        n_features: F.
+        sample_nodes: (n_s,) node index of each sample.
+        node_counts: (N,) number of this stream's samples at each node (0 or 1 in practice).
+        has_missing: whether ``StreamStats.mask`` is present.
+        low_rows: (e,) row of the flattened (N K, K) factor ``R`` filled by each observed value at a
+            low-count node (``u * K + slot``).
+        low_feats: (e,) feature index of that value.
+    """
+
+    key: str
+    group: int
+    n_features: int
+    sample_nodes: np.ndarray
+    node_counts: np.ndarray
+    has_missing: bool
+    low_rows: np.ndarray
+    low_feats: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class GroupLayout:
+    """Static response windows of one response group's nodes in one run.
+
+    Fields:
+        key: group key; response: the Response; param_key: key into ``theta["response"]`` or None.
+        node_start, node_stop: the group's nodes are ``node_start .. node_stop - 1`` (contiguous).
+        window: WindowLayout of the nodes' times on the grid.
+        rows, cols: (n_g * w,) positions of the window weights in the dense (N, J) response matrix.
+    """
+
+    key: str
+    response: Response
+    param_key: str | None
+    node_start: int
+    node_stop: int
+    window: WindowLayout
+    rows: np.ndarray
+    cols: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class RunLayout:
+    """Everything static about one run (a leafless pytree node, hashed by identity).
+
+    Fields:
+        n_nodes: N. n_grid: J. n_factors: K. n_obs: observed scalars. kernel: Matérn name.
+        grid: (J,) latent grid. dist: (J, J) grid distances.
+        node_group, node_time: (N,) node table.
+        node_rows: (N,) observed feature rows per node.
+        groups: tuple of GroupLayout. streams: tuple of StreamLayout (same order as RunPrepared.streams).
+        chol_nodes: (n_c,) nodes whose factor is ``chol(Lambda_u)^T`` (observed rows > K).
+        method: quad_logdet method (``"auto"``, ``"callback"``, ``"native"``).
+        grouped: False for the ungrouped dense reference table.
+    """
+
+    n_nodes: int
+    n_grid: int
+    n_factors: int
+    n_obs: int
+    kernel: str
+    grid: np.ndarray
+    dist: np.ndarray
+    node_group: np.ndarray
+    node_time: np.ndarray
+    node_rows: np.ndarray
+    groups: tuple
+    streams: tuple
+    chol_nodes: np.ndarray
+    method: str
+    grouped: bool
+
+
+jax.tree_util.register_pytree_node(RunLayout, lambda layout: ((), layout), lambda layout, _: layout)
+
+
+class RunPrepared(NamedTuple):
+    """One prepared run: static ``layout`` plus the traced ``streams`` data (same order as layout.streams)."""
+
+    layout: RunLayout
+    streams: tuple
+
+
+class Prepared(NamedTuple):
+    """A prepared dataset for the dense/grouped backends: one :class:`RunPrepared` per run."""
+
+    runs: tuple
+
+
+def _group_layout(g: ResponseGroup, start: int, stop: int, node_time: np.ndarray, grid: np.ndarray) -> GroupLayout:
+    window = window_layout(node_time[start:stop], g.response, grid)
+    n_g, w = window.delta.shape
+    rows = np.repeat(np.arange(start, stop), w)
+    cols = (window.start[:, None] + np.arange(w)[None, :]).ravel()
+    return GroupLayout(g.key, g.response, g.param_key, start, stop, window, rows, cols)
+
+
+def prepare_run(
+    run: Run,
+    spec: ModelSpec,
+    groups: tuple[ResponseGroup, ...],
+    *,
+    grouped: bool = True,
+    method: str = "auto",
+) -> RunPrepared:
+    """Prepare one run (NumPy, once).
+
+    Args:
+        run: the run.
+        spec: model spec.
+        groups: response groups of the whole dataset (:func:`msrm.nodes.response_groups`).
+        grouped: True for node grouping, False for the ungrouped dense reference.
+        method: quad_logdet method recorded in the layout.
+    """
+    K = spec.n_factors
+    nodes = prepare_nodes(run, spec, groups, grouped=grouped)
+    N = nodes.n_nodes
+    grid = nodes.grid
+    group_layouts = []
+    for g_i, g in enumerate(groups):
+        idx = nodes.group_nodes(g_i)
+        if idx.size == 0:
+            continue
+        start, stop = int(idx[0]), int(idx[-1]) + 1
+        if not np.array_equal(idx, np.arange(start, stop)):  # pragma: no cover - prepare_nodes guarantees this
+            raise ValueError(f"group {g.key}: nodes are not contiguous in the node table")
+        group_layouts.append(_group_layout(g, start, stop, nodes.node_time, grid))
+
+    stats = tuple(prepare_stream_stats(s) for s in run.streams)
+    node_rows = np.zeros(N, dtype=np.int64)
+    for s, st in zip(run.streams, stats):
+        np.add.at(node_rows, nodes.stream_nodes[s.key], st.n_f.size if st.mask is None else st.mask.sum(axis=1).astype(np.int64))
+    low = node_rows <= K
+    slot = np.zeros(N, dtype=np.int64)  # next free row of each low node's factor
+    stream_layouts = []
+    for s, st in zip(run.streams, stats):
+        sample_nodes = nodes.stream_nodes[s.key]
+        counts = np.bincount(sample_nodes, minlength=N).astype(np.float64)
+        observed = s.mask
+        rows, feats = [], []
+        for i in np.flatnonzero(low[sample_nodes]):
+            u = sample_nodes[i]
+            f_obs = np.flatnonzero(observed[i])
+            rows.append(u * K + slot[u] + np.arange(f_obs.size))
+            feats.append(f_obs)
+            slot[u] += f_obs.size
+        stream_layouts.append(
+            StreamLayout(
+                key=s.key,
+                group=nodes.stream_group[s.key],
+                n_features=s.n_features,
+                sample_nodes=sample_nodes,
+                node_counts=counts,
+                has_missing=st.mask is not None,
+                low_rows=np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64),
+                low_feats=np.concatenate(feats).astype(np.int64) if feats else np.zeros(0, np.int64),
+            )
+        )
+    layout = RunLayout(
+        n_nodes=N,
+        n_grid=int(grid.size),
+        n_factors=K,
+        n_obs=int(sum(st.n_f.sum() for st in stats)),
+        kernel=spec.kernel,
+        grid=grid,
+        dist=grid_distances(grid),
+        node_group=nodes.node_group,
+        node_time=nodes.node_time,
+        node_rows=node_rows,
+        groups=tuple(group_layouts),
+        streams=tuple(stream_layouts),
+        chol_nodes=np.flatnonzero(~low),
+        method=method,
+        grouped=grouped,
+    )
+    return RunPrepared(layout=layout, streams=stats)
+
+
+def prepare(data: Dataset, spec: ModelSpec, *, grouped: bool = True, method: str = "auto") -> Prepared:
+    """Prepare a dataset for :func:`msrm.gp.likelihood.grouped_loglik` (the backend ``prepare``).
+
+    Args:
+        data: the dataset.
+        spec: the model spec.
+        grouped: True (``"grouped"``) or False (``"dense"``, the ungrouped reference).
+        method: quad_logdet method: ``"auto"``, ``"callback"`` or ``"native"``.
+    Raises:
+        KeyError: a modality of the data has no response in the spec.
+        ValueError: an unknown method.
+    """
+    if method not in ("auto", "callback", "native"):
+        raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
+    groups = response_groups(data, spec)
+    return Prepared(runs=tuple(prepare_run(run, spec, groups, grouped=grouped, method=method) for run in data.runs))
