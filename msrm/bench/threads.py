@@ -15,13 +15,17 @@ quad_logdet_native   ``quad_logdet`` value + gradient, native path (XLA's own th
 ===================  ==================================================================================
 
 The first three are repeated for BLAS thread counts 1..physical cores and once oversubscribed (2 x cores,
-``oversubscribed=True``; the runtime's warning is recorded, not shown). XLA's CPU thread pool is fixed when
-the process starts, so the native rows are measured once (``threads="xla"``). Ratio rows compare, at the best
-thread count: plain JAX gradient / ``quad_logdet`` value+gradient, and ``quad_logdet`` value+gradient / the
-direct POTRF+POTRI floor. Every row carries ``execution_info`` (BLAS library, kernel architecture, version).
+``oversubscribed=True``; whether the runtime warned is recorded, not shown). XLA's CPU thread pool is fixed when
+the process starts, so the native rows are measured once (``threads="xla"``). Within one setting the functions
+are timed round-robin, so a change in background load hits all of them alike. Ratio rows: plain JAX gradient /
+``quad_logdet`` value+gradient (callback at the default BLAS threads, timed in the same rounds as the plain
+gradient; and native), ``quad_logdet`` value+gradient / direct POTRF+POTRI (the floor) and callback / direct
+POTRF+POTRI, per thread count. Every row carries ``execution_info`` (BLAS library, kernel, version).
 """
 from __future__ import annotations
 
+import statistics
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,7 @@ import numpy as np
 
 from ..runtime import execution_info, physical_cores
 from .linalg import peak_rss_delta, spd_matrix
-from .measure import warm_median
+from .measure import block
 from .rows import make_row, write_rows
 
 __all__ = ["NOTEBOOK", "PROFILES", "thread_settings", "threads_rows", "run"]
@@ -38,9 +42,9 @@ __all__ = ["NOTEBOOK", "PROFILES", "thread_settings", "threads_rows", "run"]
 NOTEBOOK = "threads"
 
 PROFILES: dict[str, dict[str, Any]] = {
-    "smoke": {"n": 200, "repeats": 3},
-    "quick": {"n": 1200, "repeats": 3},
-    "note": {"n": 2727, "repeats": 5},
+    "smoke": {"n": 200, "repeats": 3, "budget_s": 30.0},
+    "quick": {"n": 1200, "repeats": 3, "budget_s": 120.0},
+    "note": {"n": 2727, "repeats": 5, "budget_s": 400.0},
 }
 PROFILES["full"] = PROFILES["note"]
 
@@ -60,8 +64,31 @@ def _direct(M: np.ndarray):
     return lapack.dpotri(U, lower=0, overwrite_c=1)[0]
 
 
-def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "quick", seed: int = 0) -> list[dict]:
-    """All rows of the thread/callback comparison at dimension ``n`` (see the module docstring)."""
+def _interleaved(fns: dict[str, Any], repeats: int, budget_s: float) -> dict[str, tuple[float, list[float]]]:
+    """Warm every function once, then time them in turn for ``repeats`` rounds (so load changes hit all of them
+    alike); stop after a round once ``budget_s`` seconds have passed. Returns ``{name: (median, times)}``."""
+    for fn in fns.values():
+        block(fn())
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    start = time.perf_counter()
+    for _ in range(max(1, repeats)):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            block(fn())
+            times[name].append(time.perf_counter() - t0)
+        if time.perf_counter() - start > budget_s:
+            break
+    return {k: (statistics.median(v), v) for k, v in times.items()}
+
+
+def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "quick", seed: int = 0,
+                 budget_s: float = 300.0) -> list[dict]:
+    """All rows of the thread/callback comparison at dimension ``n`` (see the module docstring).
+
+    Functions of one setting are timed round-robin (:func:`_interleaved`); a setting stops repeating after
+    ``budget_s`` seconds (the oversubscribed one can be very slow on a loaded machine) and runs at most two
+    rounds; its rows say how many samples they hold (``repeats``).
+    """
     import jax
     import jax.numpy as jnp
     import jax.scipy.linalg as jsl
@@ -85,49 +112,51 @@ def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "qui
     quad_cb = vg("callback")
     rows: list[dict] = []
 
-    def record(experiment, fn, **params):
-        med, times = warm_median(fn, repeats=repeats)
-        peak = peak_rss_delta(fn)
-        rows.append(make_row(NOTEBOOK, experiment, "median_s", med, "s", info=info, n=n, repeats=repeats,
-                             times=times, peak_rss_delta_bytes=peak, profile=profile, **params))
-        return med
+    def emit(experiment, fn, med, times, *, peak=True, **params):
+        rows.append(make_row(NOTEBOOK, experiment, "median_s", med, "s", info=info, n=n, repeats=len(times),
+                             times=times, peak_rss_delta_bytes=peak_rss_delta(fn) if peak else None,
+                             profile=profile, **params))
 
-    by_threads: dict[int, dict[str, float]] = {}
+    by_threads: dict[int, dict[str, Any]] = {}
     for threads, over in settings:
+        fns = {"direct_potrf_potri": lambda: _direct(M_np), "callback_potrf_potri": lambda: callback_pp(M),
+               "quad_logdet_callback": lambda: quad_cb(M)}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with threadpool_limits(limits=threads, user_api="blas"):
-                d = record("direct_potrf_potri", lambda: _direct(M_np), threads=threads, oversubscribed=over)
-            with linalg.callback_threads(threads):
-                c = record("callback_potrf_potri", lambda: callback_pp(M), threads=threads, oversubscribed=over)
-                q = record("quad_logdet_callback", lambda: quad_cb(M), threads=threads, oversubscribed=over)
+            with threadpool_limits(limits=threads, user_api="blas"), linalg.callback_threads(threads):
+                res = _interleaved(fns, min(repeats, 2) if over else repeats, budget_s)
+                for name, fn in fns.items():
+                    emit(name, fn, *res[name], peak=not over, threads=threads, oversubscribed=over)
         if over:
             warned = any("oversubscri" in str(w.message) for w in caught)
             for r in rows[-3:]:
                 r["params"]["oversubscription_warning"] = warned
-        by_threads[threads] = {"direct": d, "callback": c, "quad": q, "oversubscribed": over}
+        by_threads[threads] = {k: v[0] for k, v in res.items()} | {"oversubscribed": over}
 
     native_inv = jax.jit(lambda A: jsl.cho_solve(jsl.cho_factor(A, lower=True), jnp.eye(n, dtype=A.dtype)))
     plain = jax.jit(jax.grad(lambda A: 2.0 * jnp.sum(jnp.log(jnp.diagonal(jnp.linalg.cholesky(A))))))
-    record("native_chol_inverse", lambda: native_inv(M), threads="xla", oversubscribed=False)
-    t_plain = record("plain_grad_logdet", lambda: plain(M), threads="xla", oversubscribed=False)
     quad_native = vg("native")
-    t_native = record("quad_logdet_native", lambda: quad_native(M), threads="xla", oversubscribed=False)
-
-    fair = {t: v for t, v in by_threads.items() if not v["oversubscribed"]}
-    best_t = min(fair, key=lambda t: fair[t]["quad"])
-    best = fair[best_t]
-    rows.append(make_row(NOTEBOOK, "speedup_vs_plain_grad", "ratio", t_plain / best["quad"], "x", info=info, n=n,
-                         threads=best_t, profile=profile,
-                         definition="plain JAX grad(logdet via cholesky) / quad_logdet callback value+grad"))
+    fns = {"native_chol_inverse": lambda: native_inv(M), "plain_grad_logdet": lambda: plain(M),
+           "quad_logdet_native": lambda: quad_native(M)}
+    # the callback value+grad at the default thread count is timed in the same rounds, for the ratio only
+    res = _interleaved(fns | {"_callback": lambda: quad_cb(M)}, repeats, budget_s)
+    for name, fn in fns.items():
+        emit(name, fn, *res[name], threads="xla", oversubscribed=False)
+    t_plain, t_native, t_cb = res["plain_grad_logdet"][0], res["quad_logdet_native"][0], res["_callback"][0]
+    rows.append(make_row(NOTEBOOK, "speedup_vs_plain_grad", "ratio", t_plain / t_cb, "x", info=info, n=n,
+                         threads=linalg.callback_thread_count(), profile=profile, callback_times=res["_callback"][1],
+                         definition="plain JAX grad(logdet via cholesky) / quad_logdet callback value+grad, "
+                                    "timed in the same rounds, callback at the default BLAS threads"))
     rows.append(make_row(NOTEBOOK, "speedup_vs_plain_grad_native", "ratio", t_plain / t_native, "x", info=info,
                          n=n, threads="xla", profile=profile,
                          definition="plain JAX grad(logdet via cholesky) / quad_logdet native value+grad"))
     for t, v in by_threads.items():
-        rows.append(make_row(NOTEBOOK, "value_grad_over_floor", "ratio", v["quad"] / v["direct"], "x", info=info,
+        rows.append(make_row(NOTEBOOK, "value_grad_over_floor", "ratio",
+                             v["quad_logdet_callback"] / v["direct_potrf_potri"], "x", info=info,
                              n=n, threads=t, oversubscribed=v["oversubscribed"], profile=profile,
                              definition="quad_logdet callback value+grad / direct POTRF+POTRI, same threads"))
-        rows.append(make_row(NOTEBOOK, "callback_overhead", "ratio", v["callback"] / v["direct"], "x", info=info,
+        rows.append(make_row(NOTEBOOK, "callback_overhead", "ratio",
+                             v["callback_potrf_potri"] / v["direct_potrf_potri"], "x", info=info,
                              n=n, threads=t, oversubscribed=v["oversubscribed"], profile=profile,
                              definition="POTRF+POTRI through pure_callback / direct, same threads"))
     return rows
@@ -140,7 +169,7 @@ def run(profile: str = "quick", out_dir: str | Path | None = None, *, n: int | N
         raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
     cfg = PROFILES[profile]
     rows = threads_rows(cfg["n"] if n is None else int(n), cfg["repeats"] if repeats is None else int(repeats),
-                        profile=profile)
+                        profile=profile, budget_s=cfg["budget_s"])
     if out_dir is not None:
         write_rows(Path(out_dir) / "rows.jsonl", rows, append=False)
     return rows

@@ -81,6 +81,7 @@ __all__ = [
     "describe_event",
     "potrf_potri_callback",
     "callback_threads",
+    "callback_thread_count",
     "N_JITTER",
     "JITTER_BASE",
     "EVENT_PLAIN",
@@ -130,7 +131,7 @@ def callback_threads(n: int) -> Iterator[None]:
         _THREAD_OVERRIDE.pop()
 
 
-def _threads() -> int:
+def callback_thread_count() -> int:
     return _THREAD_OVERRIDE[-1] if _THREAD_OVERRIDE else runtime.blas_threads()
 
 
@@ -144,7 +145,7 @@ def _controller():
 
 @contextlib.contextmanager
 def _blas_limit() -> Iterator[None]:
-    n = _threads()
+    n = callback_thread_count()
     if n > runtime.physical_cores():
         runtime.check_oversubscription(n, context="LAPACK callback")
     with _controller().limit(limits=n, user_api="blas"):
