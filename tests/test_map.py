@@ -90,3 +90,25 @@ def test_bad_arguments_raise_before_numerics():
     assert m.num_value_and_grad == 0
     with pytest.raises(FileNotFoundError):
         load_map("/nonexistent/fit")
+
+
+# ------------------------------------------------------------------------------------------ GPMSRM
+
+
+@pytest.mark.slow
+def test_map_recovers_lengthscales_and_lags_on_tiny_synthetic_data():
+    import data_synth
+
+    import msrm
+
+    data, truth = data_synth.synthetic_dataset(profile="tiny", n_features=8, seed=0, n_runs=8)
+    model = msrm.GPMSRM(data, truth.spec, method="native")
+    fit = model.fit_map(seed=0, maxiter=1000, progress=False)
+    assert fit.converged, fit.diagnostics["message"]
+    # factors are exchangeable, so lengthscales are compared in sorted order
+    ell, ell_true = np.sort(fit.params.lengthscales), np.sort(truth.params.lengthscales)
+    np.testing.assert_allclose(ell, ell_true, rtol=0.3)
+    for key, theta in truth.params.response.items():
+        assert abs(fit.params.response[key]["lag"] - theta["lag"]) < 0.3, key
+    assert fit.execution_info["linear_algebra"] == "grouped"
+    assert sum(fit.diagnostics["guard_events"].values()) > 0  # the guarded factorization reported its path

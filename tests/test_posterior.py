@@ -147,3 +147,54 @@ def test_vectorized_chains_sample_the_same_posterior():
     assert (post.summary["r_hat"] < 1.05).all()
     u = post.draws_u.reshape(-1, m.num_params).mean(axis=0)
     assert np.all(np.abs(u - m.post_mean) < 5 * np.sqrt(np.diag(m.post_cov) / 300))
+
+
+# ------------------------------------------------------------------------------------------ GPMSRM
+
+
+def _tiny_gp(n_runs=1):
+    import data_synth
+
+    import msrm
+
+    data, truth = data_synth.synthetic_dataset(profile="tiny", n_features=4, seed=0, n_runs=n_runs)
+    return msrm.GPMSRM(data, truth.spec, method="native"), truth
+
+
+def test_gp_inference_data_has_named_dims_and_physical_values():
+    msrm.runtime.enable_x64()
+    model, truth = _tiny_gp()
+    rng = np.random.default_rng(0)
+    u0 = model.unconstrain(truth.params)
+    draws = u0 + 0.01 * rng.standard_normal((2, 3, model.num_params))
+    idata = idata_mod.build_inference_data(model, draws, {"diverging": np.zeros((2, 3), bool)},
+                                           observed=idata_mod.observed_summary(model.data))
+    W = idata.posterior["loadings|p1|brain"]
+    assert W.dims == ("chain", "draw", "p1_brain_feature", "factor") and W.attrs["msrm_name"] == "loadings/p1/brain"
+    assert idata.posterior["lengthscales"].dims == ("chain", "draw", "factor")
+    p = model.constrain(draws[1, 2])
+    np.testing.assert_allclose(W.values[1, 2], p.loadings["p1/brain"], rtol=1e-12)
+    np.testing.assert_allclose(idata.posterior["response|physio|width"].values[1, 2], p.response["physio"]["width"])
+    n_obs = idata.observed_data["p1_brain_n_observed"].values
+    assert n_obs.shape == (4,) and n_obs.sum() == np.sum(~np.isnan(model.data.runs[0].stream("p1/brain").values))
+
+
+@pytest.mark.slow
+def test_gp_nuts_runs_and_covers_the_truth():
+    msrm.runtime.enable_x64()
+    model, truth = _tiny_gp(n_runs=2)
+    # loadings have an exact sign symmetry (W, Z) -> (-W, -Z): start in the truth's mode so that coverage is
+    # checked within it
+    post = model.sample(num_warmup=200, num_samples=200, num_chains=2, seed=3, max_tree_depth=6,
+                        init=truth.params, progress=False)
+    s = post.summary
+    assert s.attrs["divergences"]["num_divergent"] <= 2
+    assert np.nanmax(s["r_hat"].to_numpy()) < 1.1
+    flat = {idata_mod.safe_name(k): np.ravel(v) for k, v in truth.params.flatten().items()}
+    covered, total = 0, 0
+    for name, values in flat.items():
+        rows = s.loc[[ix for ix in s.index if ix == name or ix.startswith(name + "[")]]
+        assert len(rows) == values.size, name
+        covered += int(np.sum((rows["q5"].to_numpy() <= values) & (values <= rows["q95"].to_numpy())))
+        total += values.size
+    assert covered / total >= 0.75, (covered, total)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from .. import _atomic
 
-__all__ = ["safe_name", "physical_draws", "build_inference_data", "save_netcdf", "load_netcdf", "json_attrs"]
+__all__ = ["safe_name", "physical_draws", "observed_summary", "build_inference_data", "save_netcdf", "load_netcdf",
+           "json_attrs"]
 
 _JSON_ATTRS = ("execution_info", "timings", "sampler", "checkpoint", "map")
 
@@ -40,15 +41,19 @@ def _dims_entry(name: str, param_dims: Mapping[str, Any]) -> tuple[str, tuple | 
     return name, None, None
 
 
-def physical_draws(
-    constrain: Callable[[np.ndarray], Any], draws_u: np.ndarray
-) -> dict[str, np.ndarray]:
-    """Map unconstrained draws (C, S, d) to physical arrays name -> (C, S, *shape) via ``constrain(u).flatten()``."""
+def physical_draws(model, draws_u: np.ndarray) -> dict[str, np.ndarray]:
+    """Map unconstrained draws (C, S, d) to physical arrays name -> (C, S, *shape).
+
+    Uses ``model.constrained_blocks(u)`` (name -> array) when the model has it, else
+    ``model.constrain(u).flatten()``.
+    """
     C, S, _ = draws_u.shape
+    blocks = getattr(model, "constrained_blocks", None)
     out: dict[str, np.ndarray] = {}
     for c in range(C):
         for s in range(S):
-            flat = constrain(np.asarray(draws_u[c, s])).flatten()
+            u = np.asarray(draws_u[c, s])
+            flat = blocks(u) if blocks is not None else model.constrain(u).flatten()
             if not out:
                 out = {k: np.empty((C, S) + np.shape(v)) for k, v in flat.items()}
             for k, v in flat.items():
@@ -81,6 +86,30 @@ def _dataset_parts(arrays: Mapping[str, np.ndarray], param_dims: Mapping[str, An
             coords[d] = vals
         variables[safe_name(shown)] = (dims, np.asarray(values), {"msrm_name": shown})
     return variables, coords
+
+
+def observed_summary(data) -> dict[str, np.ndarray]:
+    """Per stream of an ``msrm.Dataset``: observed count, mean and sd of every feature over all runs.
+
+    Names ``"<participant>_<modality>_n_observed"``, ``..._mean``, ``..._sd`` (each (n_features,)).
+    """
+    out: dict[str, np.ndarray] = {}
+    for key in data.stream_keys:
+        Y = np.concatenate([r.stream(key).values for r in data.runs if key in r.keys], axis=0)
+        n = np.sum(~np.isnan(Y), axis=0)
+        stem = key.replace("/", "_")
+        out[f"{stem}_n_observed"] = n.astype(np.int64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[f"{stem}_mean"] = np.nanmean(Y, axis=0) if Y.size else np.zeros(Y.shape[1])
+            out[f"{stem}_sd"] = np.nanstd(Y, axis=0) if Y.size else np.zeros(Y.shape[1])
+    return out
+
+
+def _observed_dims(name: str, ndim: int) -> tuple[str, ...]:
+    for suffix in ("_n_observed", "_mean", "_sd"):
+        if ndim == 1 and name.endswith(suffix):
+            return (name[: -len(suffix)] + "_feature",)
+    return tuple(f"{name}|dim_{i}" for i in range(ndim))
 
 
 def json_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -125,7 +154,7 @@ def build_inference_data(
         raise ValueError(f"draws_u must have shape (chains, draws, num_params), got {draws_u.shape}")
     C, S, d = draws_u.shape
     param_dims = model.param_dims() if hasattr(model, "param_dims") else {}
-    physical = physical_draws(model.constrain, draws_u) if physical is None else physical
+    physical = physical_draws(model, draws_u) if physical is None else physical
     chain_draw = {"chain": np.arange(C), "draw": np.arange(S)}
     a = json_attrs(attrs or {})
 
@@ -146,7 +175,7 @@ def build_inference_data(
         ll_dims = {k: ((f"{k}|node",), {}) for k in log_likelihood}
         groups["log_likelihood"] = dataset(log_likelihood, ll_dims)
     if observed:
-        obs_dims = {k: (tuple(f"{k}|dim_{i}" for i in range(np.ndim(v))), {}) for k, v in observed.items()}
+        obs_dims = {k: (_observed_dims(k, np.ndim(v)), {}) for k, v in observed.items()}
         groups["observed_data"] = dataset(observed, obs_dims, lead=0)
     return az.InferenceData(**groups)
 

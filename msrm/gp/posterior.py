@@ -365,7 +365,7 @@ def sample(
     }
     from .idata import build_inference_data, physical_draws
 
-    physical = physical_draws(model.constrain, draws_u)
+    physical = physical_draws(model, draws_u)
     timings["draw_conversion"] = time.perf_counter() - t0
 
     # ---- pointwise log-likelihood
@@ -387,7 +387,13 @@ def sample(
     else:
         per_leapfrog = timings["sampling"] / num_leapfrog if num_leapfrog else None
     info = model.execution_info() if hasattr(model, "execution_info") else execution_info(include_jax=True)
-    observed = model.observed_summary() if hasattr(model, "observed_summary") else None
+    observed = None
+    if hasattr(model, "observed_summary"):
+        observed = model.observed_summary()
+    elif hasattr(getattr(model, "data", None), "stream_keys"):
+        from .idata import observed_summary
+
+        observed = observed_summary(model.data)
     sampler = {**settings, "num_samples": int(num_samples), "chain_method_used": str(mcmc.chain_method),
                "num_leapfrog": num_leapfrog, "num_leapfrog_warmup": warm_steps, "resumed": bool(resume),
                "seconds_per_leapfrog": per_leapfrog}

@@ -1,0 +1,146 @@
+"""Objective, gradient and a short NUTS run on the synthetic study, with the time of every phase.
+
+The note's settings: one-eighth scale, K = 3, 15 warm-up iterations, 15 draws, diagonal mass, tree depth <= 5.
+Measured side by side in one process:
+
+* ``objective_gradient``: the log density and gradient norm at the model's data-driven start (a fingerprint
+  to compare devices), compile time and warm median of the bare jitted ``value_and_grad``;
+* ``nuts``: every phase of :func:`msrm.gp.posterior.sample` (compilation separated from warm-up and sampling),
+  leapfrog counts, seconds per leapfrog and its ratio to the bare gradient;
+* ``nuts_vectorized``: the same run with two vectorised chains; throughput (leapfrog steps per sampling second,
+  both chains) relative to one chain;
+* ``projection``: wall time of one full chain (1000 warm-up + 1200 draws) from the measured seconds per leapfrog
+  at the measured trajectory length (a lower bound: the depth cap of the short run keeps trees small), at 255
+  steps (depth 8, "a few hundred") and at 1023 steps (the depth-10 cap).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .measure import PeakMemory, warm_median
+from .rows import make_row
+
+__all__ = ["SIZES", "nuts_rows"]
+
+NOTEBOOK = "gradient_nuts"
+
+SIZES: dict[str, dict[str, Any]] = {
+    "smoke": dict(profile="tiny", n_features=4, n_runs=1, n_factors=3, num_warmup=3, num_samples=3,
+                  max_tree_depth=3, repeats=2, vectorized=True),
+    "quick": dict(profile="one-eighth", n_features=36, n_runs=1, n_factors=3, num_warmup=15, num_samples=15,
+                  max_tree_depth=5, repeats=3, vectorized=True),
+    "note": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=15, num_samples=15,
+                 max_tree_depth=5, repeats=3, vectorized=True),
+    "full": dict(profile="one-eighth", n_features=3600, n_runs=8, n_factors=3, num_warmup=15, num_samples=15,
+                 max_tree_depth=5, repeats=3, vectorized=True),
+}
+FULL_CHAIN = (1000, 1200)  # warm-up, draws
+PHASES = ("initialisation", "compilation", "warmup", "sampling", "draw_conversion", "pointwise_loglik",
+          "diagnostics", "total")
+
+
+def _model(cfg: dict, linear_algebra: str, method: str):
+    import data_synth
+
+    from ..gp.model import GPMSRM
+
+    data, truth = data_synth.synthetic_dataset(profile=cfg["profile"], n_features=cfg["n_features"],
+                                               n_runs=cfg["n_runs"], n_factors=cfg["n_factors"], seed=0)
+    return GPMSRM(data, truth.spec, linear_algebra=linear_algebra, method=method)
+
+
+def _not_yet(info: dict, reason: str, **params) -> list[dict]:
+    return [make_row(NOTEBOOK, exp, metric, None, unit, status="not_yet_measured", info=info, reason=reason, **params)
+            for exp, metric, unit in (("objective_gradient", "value_and_grad_median_s", "s"),
+                                      ("nuts", "seconds_per_leapfrog", "s"),
+                                      ("nuts_vectorized", "throughput_ratio_2_vs_1", "x"),
+                                      ("projection", "full_chain_seconds", "s"))]
+
+
+def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebra: str = "grouped",
+              method: str = "auto", seed: int = 0) -> list[dict]:
+    """All rows of the objective/gradient, NUTS, vectorised-chains and projection experiments."""
+    from ..runtime import execution_info
+
+    if profile not in SIZES:
+        raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
+    cfg = SIZES[profile]
+    info = info if info is not None else execution_info(include_jax=True)
+    common = dict(data_profile=cfg["profile"], n_features=cfg["n_features"], n_runs=cfg["n_runs"],
+                  K=cfg["n_factors"], linear_algebra=linear_algebra, method=method, profile=profile)
+    try:
+        model = _model(cfg, linear_algebra, method)
+    except (ImportError, NotImplementedError) as exc:
+        return _not_yet(info, f"GPMSRM unavailable: {exc}", **common)
+    from ..gp.posterior import sample
+
+    rows: list[dict] = []
+    common["num_params"] = model.num_params
+    common["factorization_dims"] = model.factorization_dims
+
+    def row(exp, metric, value, unit, status="measured", **extra):
+        rows.append(make_row(NOTEBOOK, exp, metric, value, unit, status=status, info=info, **common, **extra))
+
+    # ---- bare objective and gradient
+    u0 = model.unconstrain(model.initial_params(seed=seed))
+    t0 = time.perf_counter()
+    value, grad = model.value_and_grad(u0)
+    row("objective_gradient", "compile_and_first_call_s", time.perf_counter() - t0, "s")
+    vg_s, samples = warm_median(lambda: model.value_and_grad(u0), repeats=cfg["repeats"], warmup=0)
+    row("objective_gradient", "value_and_grad_median_s", vg_s, "s", samples=samples)
+    row("objective_gradient", "log_density", value, "", point="initial_params(seed=0)")
+    row("objective_gradient", "grad_norm", float(np.linalg.norm(grad)), "", point="initial_params(seed=0)")
+
+    settings = dict(num_warmup=cfg["num_warmup"], num_samples=cfg["num_samples"],
+                    max_tree_depth=cfg["max_tree_depth"], seed=seed, init=u0, progress=False)
+    nuts_params = {k: v for k, v in settings.items() if k not in ("init", "progress")}
+    nuts_params["init"] = "initial_params"
+
+    # ---- one chain
+    with PeakMemory() as mem:
+        one = sample(model, num_chains=1, **settings)
+    for phase in PHASES:
+        if phase == "pointwise_loglik":
+            row("nuts", "phase_seconds", None, "s", status="not_yet_measured", phase=phase, chains=1,
+                reason="GPMSRM has no pointwise log-likelihood by (stream, node) yet", **nuts_params)
+            continue
+        row("nuts", "phase_seconds", one.timings[phase], "s", phase=phase, chains=1, **nuts_params)
+    steps = one.sample_stats["n_steps"]
+    row("nuts", "num_leapfrog_sampling", one.num_leapfrog, "steps", chains=1, **nuts_params)
+    if one.num_leapfrog_warmup is not None:
+        row("nuts", "num_leapfrog_warmup", one.num_leapfrog_warmup, "steps", chains=1, **nuts_params)
+    row("nuts", "mean_steps_per_draw", float(steps.mean()), "steps", chains=1, **nuts_params)
+    row("nuts", "mean_tree_depth", float(one.sample_stats["tree_depth"].mean()), "", chains=1, **nuts_params)
+    row("nuts", "divergences", int(one.sample_stats["diverging"].sum()), "count", chains=1, **nuts_params)
+    if one.seconds_per_leapfrog:
+        row("nuts", "seconds_per_leapfrog", one.seconds_per_leapfrog, "s", chains=1, **nuts_params)
+        row("nuts", "leapfrog_over_bare_gradient", one.seconds_per_leapfrog / vg_s, "x", chains=1,
+            target=1.3, **nuts_params)
+    if mem.delta_bytes is not None:
+        row("nuts", "peak_memory_delta", mem.delta_bytes, "bytes", chains=1, memory_method=mem.method,
+            **nuts_params)
+
+    # ---- two vectorised chains
+    if cfg["vectorized"]:
+        two = sample(model, num_chains=2, chain_method="vectorized", **settings)
+        for phase in ("compilation", "warmup", "sampling", "total"):
+            row("nuts_vectorized", "phase_seconds", two.timings[phase], "s", phase=phase, chains=2, **nuts_params)
+        if one.num_leapfrog and two.num_leapfrog and one.timings["sampling"] > 0 and two.timings["sampling"] > 0:
+            thr1 = one.num_leapfrog / one.timings["sampling"]
+            thr2 = two.num_leapfrog / two.timings["sampling"]
+            row("nuts_vectorized", "leapfrog_per_second", thr2, "1/s", chains=2, **nuts_params)
+            row("nuts_vectorized", "throughput_ratio_2_vs_1", thr2 / thr1, "x", chains=2, **nuts_params)
+
+    # ---- projection of a full chain
+    if one.seconds_per_leapfrog:
+        n_draws = sum(FULL_CHAIN)
+        for label, spd in (("measured", float(steps.mean())), ("depth8", 255.0), ("depth10_cap", 1023.0)):
+            secs = one.seconds_per_leapfrog * spd * n_draws
+            row("projection", "full_chain_seconds", secs, "s", steps_per_draw=spd, basis=label,
+                num_warmup_full=FULL_CHAIN[0], num_samples_full=FULL_CHAIN[1], **nuts_params)
+            row("projection", "full_chain_days", secs / 86400.0, "day", steps_per_draw=spd, basis=label,
+                num_warmup_full=FULL_CHAIN[0], num_samples_full=FULL_CHAIN[1], **nuts_params)
+    return rows
