@@ -57,6 +57,7 @@ __all__ = [
     "node_woodbury_matrix",
     "run_loglik",
     "grouped_loglik",
+    "run_logliks",
     "prepare",
     "loglik",
 ]
@@ -185,13 +186,14 @@ def grouped_loglik(theta, prepared: Prepared):
         (value, events): float64 scalar, (n_runs,) int32 event codes of the factorizations.
     """
     TRACE_COUNT[0] += 1
-    total = 0.0
-    events = []
-    for run in prepared.runs:
-        value, event = run_loglik(theta, run)
-        total = total + value
-        events.append(event)
-    return total, jnp.stack(events).astype(jnp.int32)
+    values, events = run_logliks(theta, prepared)
+    return jnp.sum(values), events
+
+
+def run_logliks(theta, prepared: Prepared):
+    """Per-run log likelihoods ``(n_runs,)`` and event codes ``(n_runs,)`` int32."""
+    out = [run_loglik(theta, run) for run in prepared.runs]
+    return jnp.stack([v for v, _ in out]), jnp.stack([e for _, e in out]).astype(jnp.int32)
 
 
 loglik = grouped_loglik

@@ -142,6 +142,9 @@ class GPMSRM:
             return value + tf.log_prior(theta, priors, blocks) + log_jac, events
 
         self._density_and_events = density_and_events
+        runs_loglik = getattr(backend, "run_logliks", None)
+        self._runs_jit = None if runs_loglik is None else jax.jit(
+            lambda u, prepared: runs_loglik(tf.constrain(u, blocks)[0], prepared))
         self._loglik_jit = jax.jit(loglik)
         self._density_jit = jax.jit(density_and_events)
         self._vg_jit = jax.jit(jax.value_and_grad(density_and_events, has_aux=True))
@@ -269,6 +272,14 @@ class GPMSRM:
         (value, events), grad = self._vg_jit(self._check_u(u), self.prepared, self._priors_dev)
         self._record(events)
         return float(value), np.asarray(grad)
+
+    def pointwise_log_likelihood(self, u) -> dict[str, np.ndarray]:
+        """Log likelihood of each run at ``u``: ``{"run": (n_runs,)}`` (runs are the independent units)."""
+        if self._runs_jit is None:
+            raise NotImplementedError(f"linear_algebra={self.linear_algebra!r} gives no per-run log likelihood")
+        values, events = self._runs_jit(self._check_u(u), self.prepared)
+        self._record(events)
+        return {"run": np.asarray(values)}
 
     def guard_events(self) -> dict[int, int]:
         """Counts of factorization event codes seen so far (0 plain, k>0 jitter rung, -1 fallback, -2 non-finite)."""
