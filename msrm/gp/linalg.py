@@ -121,7 +121,11 @@ def describe_event(event: int) -> str:
 
 @contextlib.contextmanager
 def callback_threads(n: int) -> Iterator[None]:
-    """Temporarily give the LAPACK callback ``n`` BLAS threads (benchmarks sweep this; read at call time)."""
+    """Temporarily give the LAPACK callback ``n`` BLAS threads (benchmarks sweep this).
+
+    Process-wide, and read when the callback executes (JAX dispatch is asynchronous): block on the results
+    inside the ``with`` block. Models use :func:`msrm.runtime.configure` (``blas_threads=``) instead.
+    """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"callback_threads: n must be a positive integer, got {n!r}")
     _THREAD_OVERRIDE.append(n)
@@ -132,6 +136,7 @@ def callback_threads(n: int) -> Iterator[None]:
 
 
 def callback_thread_count() -> int:
+    """BLAS threads the LAPACK callback uses now: a :func:`callback_threads` override, else the runtime's."""
     return _THREAD_OVERRIDE[-1] if _THREAD_OVERRIDE else runtime.blas_threads()
 
 
@@ -355,22 +360,25 @@ def potrf_potri_callback(M: jax.Array) -> tuple[jax.Array, jax.Array]:
     """
     n = M.shape[-1]
 
-    def host(Mh):
+    def one(Mi):
         from scipy.linalg import lapack
 
+        U, info = lapack.dpotrf(Mi, lower=0, clean=1, overwrite_a=0)
+        if info != 0:
+            nan = np.full(Mi.shape, np.nan)
+            return nan, nan
+        Ui, _ = lapack.dpotri(U, lower=0, overwrite_c=0)
+        return U.T, _fill_lower_from_upper(Ui).T
+
+    def host(Mh):
         Mh = np.asarray(Mh, dtype=np.float64)
-        L = np.empty(Mh.shape)
-        Minv = np.empty(Mh.shape)
         with _blas_limit():
+            if Mh.ndim == 2:
+                return one(Mh)
+            L = np.empty(Mh.shape)
+            Minv = np.empty(Mh.shape)
             for idx in np.ndindex(*Mh.shape[:-2]):
-                U, info = lapack.dpotrf(Mh[idx], lower=0, clean=1, overwrite_a=0)
-                if info != 0:
-                    L[idx] = Minv[idx] = np.nan
-                    continue
-                Ui, _ = lapack.dpotri(U, lower=0, overwrite_c=0)
-                Ui = np.triu(Ui)
-                Ui += np.triu(Ui, 1).T
-                L[idx], Minv[idx] = U.T, Ui
+                L[idx], Minv[idx] = one(Mh[idx])
         return L, Minv
 
     spec = jax.ShapeDtypeStruct((n, n), jnp.float64)
