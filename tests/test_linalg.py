@@ -188,7 +188,7 @@ def test_nonfinite_input_is_reported_not_silent(method):
     V = np.ones(5)
     V[0] = np.inf
     quad, logdet, event = quad_logdet(jnp.asarray(spd(5)), jnp.asarray(V), method=method)
-    assert int(event) == linalg.EVENT_NONFINITE and np.isnan(float(quad))
+    assert int(event) == linalg.EVENT_NONFINITE and np.isnan(float(quad)) and np.isnan(float(logdet))
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -227,7 +227,7 @@ def _host_one(M: np.ndarray, V: np.ndarray, want_residuals: bool):
         event = EVENT_NONFINITE
     quad, logdet, A = _host_solve(U, V)
     if event == EVENT_NONFINITE:
-        quad = np.nan
+        quad = logdet = np.nan
     L = U.T if want_residuals else None
     return np.float64(quad), np.float64(logdet), np.int32(event), L, np.ascontiguousarray(A)
 
