@@ -4,7 +4,9 @@ The note's settings: one-eighth scale, K = 3, 15 warm-up iterations, 15 draws, d
 Measured side by side in one process:
 
 * ``objective_gradient``: the log density and gradient norm at the model's data-driven start (a fingerprint
-  to compare devices), compile time and warm median of the bare jitted ``value_and_grad``;
+  to compare devices), compile time and warm median of ``model.value_and_grad`` (the API: NumPy in and out) and
+  of ``jax.jit(jax.value_and_grad(model.log_density))`` on a device array (exactly what NUTS differentiates; the
+  leapfrog ratio divides by this one);
 * ``nuts``: every phase of :func:`msrm.gp.posterior.sample` (compilation separated from warm-up and sampling),
   leapfrog counts, seconds per leapfrog and its ratio to the bare gradient;
 * ``nuts_vectorized``: the same run with two vectorised chains; throughput (leapfrog steps per sampling second,
@@ -28,10 +30,11 @@ __all__ = ["SIZES", "nuts_rows"]
 NOTEBOOK = "gradient_nuts"
 
 SIZES: dict[str, dict[str, Any]] = {
-    "smoke": dict(profile="tiny", n_features=4, n_runs=1, n_factors=3, num_warmup=3, num_samples=3,
-                  max_tree_depth=3, repeats=2, vectorized=True),
+    "smoke": dict(profile="tiny", n_features=4, n_runs=1, n_factors=1, num_warmup=3, num_samples=3,
+                  max_tree_depth=3, repeats=2, vectorized=False),
+    # quick: the one-eighth design at a quarter of its length (about 230 nodes), so the run takes minutes here
     "quick": dict(profile="one-eighth", n_features=36, n_runs=1, n_factors=3, num_warmup=15, num_samples=15,
-                  max_tree_depth=5, repeats=3, vectorized=True),
+                  max_tree_depth=5, repeats=3, vectorized=True, duration_scale=0.25),
     "note": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=15, num_samples=15,
                  max_tree_depth=5, repeats=3, vectorized=True),
     "full": dict(profile="one-eighth", n_features=3600, n_runs=8, n_factors=3, num_warmup=15, num_samples=15,
@@ -48,7 +51,8 @@ def _model(cfg: dict, linear_algebra: str, method: str):
     from ..gp.model import GPMSRM
 
     data, truth = data_synth.synthetic_dataset(profile=cfg["profile"], n_features=cfg["n_features"],
-                                               n_runs=cfg["n_runs"], n_factors=cfg["n_factors"], seed=0)
+                                               n_runs=cfg["n_runs"], n_factors=cfg["n_factors"], seed=0,
+                                               duration_scale=cfg.get("duration_scale", 1.0))
     return GPMSRM(data, truth.spec, linear_algebra=linear_algebra, method=method)
 
 
@@ -70,6 +74,7 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
     cfg = SIZES[profile]
     info = info if info is not None else execution_info(include_jax=True)
     common = dict(data_profile=cfg["profile"], n_features=cfg["n_features"], n_runs=cfg["n_runs"],
+                  duration_scale=cfg.get("duration_scale", 1.0),
                   K=cfg["n_factors"], linear_algebra=linear_algebra, method=method, profile=profile)
     try:
         model = _model(cfg, linear_algebra, method)
@@ -91,6 +96,17 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
     row("objective_gradient", "compile_and_first_call_s", time.perf_counter() - t0, "s")
     vg_s, samples = warm_median(lambda: model.value_and_grad(u0), repeats=cfg["repeats"], warmup=0)
     row("objective_gradient", "value_and_grad_median_s", vg_s, "s", samples=samples)
+    # the function NUTS differentiates: jax.value_and_grad of log_density, jitted, called on a device array
+    import jax
+    import jax.numpy as jnp
+
+    potential_vg = jax.jit(jax.value_and_grad(model.log_density))
+    u_dev = jnp.asarray(u0)
+    t0 = time.perf_counter()
+    jax.block_until_ready(potential_vg(u_dev))
+    row("objective_gradient", "potential_compile_s", time.perf_counter() - t0, "s")
+    pot_s, pot_samples = warm_median(lambda: potential_vg(u_dev), repeats=cfg["repeats"], warmup=0)
+    row("objective_gradient", "potential_value_and_grad_median_s", pot_s, "s", samples=pot_samples)
     row("objective_gradient", "log_density", value, "", point="initial_params(seed=0)")
     row("objective_gradient", "grad_norm", float(np.linalg.norm(grad)), "", point="initial_params(seed=0)")
 
@@ -117,8 +133,10 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
     row("nuts", "divergences", int(one.sample_stats["diverging"].sum()), "count", chains=1, **nuts_params)
     if one.seconds_per_leapfrog:
         row("nuts", "seconds_per_leapfrog", one.seconds_per_leapfrog, "s", chains=1, **nuts_params)
-        row("nuts", "leapfrog_over_bare_gradient", one.seconds_per_leapfrog / vg_s, "x", chains=1,
-            target=1.3, **nuts_params)
+        row("nuts", "leapfrog_over_bare_gradient", one.seconds_per_leapfrog / pot_s, "x", chains=1,
+            target=1.3, bare="jax.jit(jax.value_and_grad(model.log_density))", **nuts_params)
+        row("nuts", "leapfrog_over_model_value_and_grad", one.seconds_per_leapfrog / vg_s, "x", chains=1,
+            bare="model.value_and_grad", **nuts_params)
     if mem.delta_bytes is not None:
         row("nuts", "peak_memory_delta", mem.delta_bytes, "bytes", chains=1, memory_method=mem.method,
             **nuts_params)
