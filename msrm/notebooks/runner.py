@@ -36,7 +36,7 @@ __all__ = ["ROOT", "PROFILES", "NotebookResult", "discover", "notebook_stem", "r
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ("smoke", "quick", "note", "full")
-DEFAULT_TIMEOUT_S = {"smoke": 300.0, "quick": 900.0, "note": 5400.0, "full": 6 * 3600.0}
+DEFAULT_TIMEOUT_S = {"smoke": 300.0, "quick": 480.0, "note": 5400.0, "full": 6 * 3600.0}
 
 
 class NotebookResult(NamedTuple):
