@@ -54,8 +54,18 @@ FINGERPRINT_ENTRIES = ("lengthscales[0]", "response/rating/lag", "response/physi
                        "loadings/p1/brain[0,0]", "intercepts/p5/rating[0]")
 
 
+_CASES: dict = {}  # models built during one run() (experiments share them; cleared when run() returns)
+
+
 def build_case(cfg: dict, n_factors: int, n_features: int | None = None, seed: int = 0):
     """(model, u, truth) for a profile: the synthetic study, a grouped GPMSRM and u at the true parameters."""
+    key = (id(cfg), n_factors, n_features or cfg["n_features"], seed)
+    if key not in _CASES:
+        _CASES[key] = _build_case(cfg, n_factors, n_features, seed)
+    return _CASES[key]
+
+
+def _build_case(cfg: dict, n_factors: int, n_features: int | None, seed: int):
     import data_synth
     from ..gp.model import GPMSRM
 
@@ -244,8 +254,17 @@ def run(profile: str = "quick", out_dir: str | Path | None = None, *, repeats: i
     reps = cfg["repeats"] if repeats is None else int(repeats)
     info = execution_info(include_jax=True)
     rows: list[dict] = []
-    if "fingerprint" in experiments:
-        rows += fingerprint_rows(cfg, profile, info)
+    try:
+        rows = _run(cfg, profile, info, reps, experiments)
+    finally:
+        _CASES.clear()
+    if out_dir is not None:
+        write_rows(Path(out_dir) / "rows.jsonl", rows, append=False)
+    return rows
+
+
+def _run(cfg, profile, info, reps, experiments) -> list[dict]:
+    rows: list[dict] = []
     if "value_and_grad" in experiments:
         rows += value_and_grad_rows(cfg, profile, info, reps)
     if "parts" in experiments:
@@ -256,6 +275,6 @@ def run(profile: str = "quick", out_dir: str | Path | None = None, *, repeats: i
         rows += threads_rows(cfg, profile, info, reps) if cfg["threads"] else [
             make_row(NOTEBOOK, "threads", "median_s", None, "s", status="not_yet_measured", info=info,
                      reason=f"not part of the {profile} profile", profile=profile)]
-    if out_dir is not None:
-        write_rows(Path(out_dir) / "rows.jsonl", rows, append=False)
+    if "fingerprint" in experiments:
+        rows += fingerprint_rows(cfg, profile, info)
     return rows
