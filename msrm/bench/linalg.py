@@ -2,6 +2,9 @@
 
 Measures, with JAX on the default device in float64: a square matrix product, Cholesky, LU and the
 Cholesky-inverse (Cholesky then ``cho_solve`` against the identity, the pattern a native symmetric solve uses).
+On the CPU, jaxlib's factorizations and triangular solves call SciPy's LAPACK/OpenBLAS, so they run under a
+BLAS thread limit of :func:`msrm.runtime.blas_threads` (recorded as ``blas_threads``); the matrix product runs
+in XLA's own pool.
 Each is compiled once, then timed over warm repeats with ``block_until_ready`` before the timer stops; rows
 carry the median seconds and GFLOP/s (nominal flop counts below) and the process's resident-memory peak
 during the repeats. Float32 rows (matmul precision ``"highest"`` against ``"default"``) are measured only on a
@@ -116,23 +119,36 @@ def raw_linalg_rows(sizes, repeats: int = 3, *, profile: str = "quick", seed: in
     Returns rows ``experiment=<op>``, metrics ``median_s`` and ``gflops`` with params n, repeats, times, peak.
     """
     import jax
-    import jax.numpy as jnp
 
     if not jax.config.jax_enable_x64:
         raise ValueError("raw_linalg_rows: float64 is the contract; call msrm.runtime.enable_x64() first")
+    from threadpoolctl import threadpool_limits
+
+    from ..runtime import blas_threads
+
     info = execution_info()
     ops = _jax_ops()
     rows = []
-    for n in sizes:
-        M = jax.device_put(jnp.asarray(spd_matrix(int(n), seed)))
-        for name, fn in ops.items():
-            med, times = warm_median(lambda: fn(M), repeats=repeats)
-            peak = peak_rss_delta(lambda: fn(M))
-            common = dict(n=int(n), dtype="float64", repeats=repeats, times=times, peak_rss_delta_bytes=peak,
-                          device=str(jax.devices()[0]), profile=profile)
-            rows.append(make_row(NOTEBOOK, name, "median_s", med, "s", info=info, **common))
-            rows.append(make_row(NOTEBOOK, name, "gflops", FLOPS[name](n) / med / 1e9, "GFLOP/s", info=info,
-                                 **common))
+    threads = blas_threads()
+    with threadpool_limits(limits=threads, user_api="blas"):
+        for n in sizes:
+            rows += _raw_rows_one(int(n), ops, repeats, info, profile, seed, threads)
+    return rows
+
+
+def _raw_rows_one(n: int, ops, repeats: int, info, profile: str, seed: int, threads: int) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+
+    rows = []
+    M = jax.device_put(jnp.asarray(spd_matrix(n, seed)))
+    for name, fn in ops.items():
+        med, times = warm_median(lambda: fn(M), repeats=repeats)
+        peak = peak_rss_delta(lambda: fn(M))
+        common = dict(n=n, dtype="float64", repeats=repeats, times=times, peak_rss_delta_bytes=peak,
+                      device=str(jax.devices()[0]), profile=profile, blas_threads=threads)
+        rows.append(make_row(NOTEBOOK, name, "median_s", med, "s", info=info, **common))
+        rows.append(make_row(NOTEBOOK, name, "gflops", FLOPS[name](n) / med / 1e9, "GFLOP/s", info=info, **common))
     return rows
 
 

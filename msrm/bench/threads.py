@@ -3,24 +3,26 @@
 At one dimension n (2727 = the one-eighth grouped problem at K = 3 in the ``note`` profile), side by side in
 one process, float64:
 
-===================  ==================================================================================
-experiment           what runs
-===================  ==================================================================================
-direct_potrf_potri   SciPy ``dpotrf`` + ``dpotri`` called directly under ``threadpool_limits``
-callback_potrf_potri the same two calls inside ``jax.pure_callback`` in a jitted JAX function
-quad_logdet_callback ``msrm.gp.linalg.quad_logdet`` value + gradient in M, LAPACK callback path
-native_chol_inverse  ``jnp.linalg.cholesky`` then ``cho_solve`` against the identity (XLA's own threads)
-plain_grad_logdet    plain JAX reverse mode through ``cholesky``: ``grad(2 sum log diag chol(M))``
-quad_logdet_native   ``quad_logdet`` value + gradient, native path (XLA's own threads)
-===================  ==================================================================================
+====================  =================================================================================
+experiment            what runs
+====================  =================================================================================
+direct_potrf_potri    SciPy ``dpotrf`` + ``dpotri`` called directly under ``threadpool_limits``
+callback_potrf_potri  the same two calls inside ``jax.pure_callback`` in a jitted JAX function
+quad_logdet_callback  ``msrm.gp.linalg.quad_logdet`` value + gradient in M, LAPACK callback path
+quad_logdet_native    ``quad_logdet`` value + gradient, native path
+native_chol_inverse   ``jnp.linalg.cholesky`` then ``cho_solve`` against the identity
+plain_grad_logdet     plain JAX reverse mode through ``cholesky``: ``grad(2 sum log diag chol(M))``
+====================  =================================================================================
 
-The first three are repeated for BLAS thread counts 1..physical cores and once oversubscribed (2 x cores,
-``oversubscribed=True``; whether the runtime warned is recorded, not shown). XLA's CPU thread pool is fixed when
-the process starts, so the native rows are measured once (``threads="xla"``). Within one setting the functions
-are timed round-robin, so a change in background load hits all of them alike. Ratio rows: plain JAX gradient /
-``quad_logdet`` value+gradient (callback at its best non-oversubscribed thread count, timed in the same rounds
-as the plain gradient; and native), ``quad_logdet`` value+gradient / direct POTRF+POTRI (the floor) and callback / direct
-POTRF+POTRI, per thread count. Every row carries ``execution_info`` (BLAS library, kernel, version).
+On the CPU, jaxlib runs its own Cholesky, triangular solves and LU through SciPy's LAPACK (``cython_lapack``),
+that is through the same OpenBLAS the callback uses, so the BLAS thread limit reaches the native rows too (XLA's
+own pool, fixed at start-up, still runs the products and elementwise work). Every experiment is therefore timed
+at each BLAS thread count from 1 to the physical cores and once oversubscribed (2 x cores,
+``oversubscribed=True``; whether the runtime warned is recorded, not shown). Within one setting the functions
+are timed round-robin, so a change in background load hits all of them alike. Ratio rows per setting: plain JAX
+gradient / ``quad_logdet`` value+gradient (callback and native), ``quad_logdet`` value+gradient / direct
+POTRF+POTRI (the floor), and callback / direct POTRF+POTRI. Every row carries ``execution_info`` (BLAS library,
+kernel, version).
 """
 from __future__ import annotations
 
@@ -117,10 +119,20 @@ def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "qui
                              times=times, peak_rss_delta_bytes=peak_rss_delta(fn) if peak else None,
                              profile=profile, **params))
 
+    native_inv = jax.jit(lambda A: jsl.cho_solve(jsl.cho_factor(A, lower=True), jnp.eye(n, dtype=A.dtype)))
+    plain = jax.jit(jax.grad(lambda A: 2.0 * jnp.sum(jnp.log(jnp.diagonal(jnp.linalg.cholesky(A))))))
+    quad_native = vg("native")
+    fns = {
+        "direct_potrf_potri": lambda: _direct(M_np),
+        "callback_potrf_potri": lambda: callback_pp(M),
+        "quad_logdet_callback": lambda: quad_cb(M),
+        "quad_logdet_native": lambda: quad_native(M),
+        "native_chol_inverse": lambda: native_inv(M),
+        "plain_grad_logdet": lambda: plain(M),
+    }
     by_threads: dict[int, dict[str, Any]] = {}
     for threads, over in settings:
-        fns = {"direct_potrf_potri": lambda: _direct(M_np), "callback_potrf_potri": lambda: callback_pp(M),
-               "quad_logdet_callback": lambda: quad_cb(M)}
+        first = len(rows)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with threadpool_limits(limits=threads, user_api="blas"), linalg.callback_threads(threads):
@@ -129,43 +141,23 @@ def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "qui
                     emit(name, fn, *res[name], peak=not over, threads=threads, oversubscribed=over)
         if over:
             warned = any("oversubscri" in str(w.message) for w in caught)
-            for r in rows[-3:]:
+            for r in rows[first:]:
                 r["params"]["oversubscription_warning"] = warned
         by_threads[threads] = {k: v[0] for k, v in res.items()} | {"oversubscribed": over}
 
-    native_inv = jax.jit(lambda A: jsl.cho_solve(jsl.cho_factor(A, lower=True), jnp.eye(n, dtype=A.dtype)))
-    plain = jax.jit(jax.grad(lambda A: 2.0 * jnp.sum(jnp.log(jnp.diagonal(jnp.linalg.cholesky(A))))))
-    quad_native = vg("native")
-    fns = {"native_chol_inverse": lambda: native_inv(M), "plain_grad_logdet": lambda: plain(M),
-           "quad_logdet_native": lambda: quad_native(M)}
-    # the callback value+grad at its best non-oversubscribed thread count is timed in the same rounds as the
-    # plain gradient, for the ratio only (the override is read when the callback runs, so block inside it)
-    fair = {t: v for t, v in by_threads.items() if not v["oversubscribed"]} or by_threads
-    best_t = min(fair, key=lambda t: fair[t]["quad_logdet_callback"])
-
-    def callback_best():
-        with linalg.callback_threads(best_t):
-            return block(quad_cb(M))
-
-    res = _interleaved(fns | {"_callback": callback_best}, repeats, budget_s)
-    for name, fn in fns.items():
-        emit(name, fn, *res[name], threads="xla", oversubscribed=False)
-    t_plain, t_native, t_cb = res["plain_grad_logdet"][0], res["quad_logdet_native"][0], res["_callback"][0]
-    rows.append(make_row(NOTEBOOK, "speedup_vs_plain_grad", "ratio", t_plain / t_cb, "x", info=info, n=n,
-                         threads=best_t, profile=profile, callback_times=res["_callback"][1],
-                         definition="plain JAX grad(logdet via cholesky) / quad_logdet callback value+grad at its "
-                                    "best thread count, timed in the same rounds"))
-    rows.append(make_row(NOTEBOOK, "speedup_vs_plain_grad_native", "ratio", t_plain / t_native, "x", info=info,
-                         n=n, threads="xla", profile=profile,
-                         definition="plain JAX grad(logdet via cholesky) / quad_logdet native value+grad"))
     for t, v in by_threads.items():
+        common = dict(info=info, n=n, threads=t, oversubscribed=v["oversubscribed"], profile=profile)
+        rows.append(make_row(NOTEBOOK, "speedup_vs_plain_grad", "ratio",
+                             v["plain_grad_logdet"] / v["quad_logdet_callback"], "x", **common,
+                             definition="plain JAX grad(logdet via cholesky) / quad_logdet callback value+grad"))
+        rows.append(make_row(NOTEBOOK, "speedup_vs_plain_grad_native", "ratio",
+                             v["plain_grad_logdet"] / v["quad_logdet_native"], "x", **common,
+                             definition="plain JAX grad(logdet via cholesky) / quad_logdet native value+grad"))
         rows.append(make_row(NOTEBOOK, "value_grad_over_floor", "ratio",
-                             v["quad_logdet_callback"] / v["direct_potrf_potri"], "x", info=info,
-                             n=n, threads=t, oversubscribed=v["oversubscribed"], profile=profile,
+                             v["quad_logdet_callback"] / v["direct_potrf_potri"], "x", **common,
                              definition="quad_logdet callback value+grad / direct POTRF+POTRI, same threads"))
         rows.append(make_row(NOTEBOOK, "callback_overhead", "ratio",
-                             v["callback_potrf_potri"] / v["direct_potrf_potri"], "x", info=info,
-                             n=n, threads=t, oversubscribed=v["oversubscribed"], profile=profile,
+                             v["callback_potrf_potri"] / v["direct_potrf_potri"], "x", **common,
                              definition="POTRF+POTRI through pure_callback / direct, same threads"))
     return rows
 
