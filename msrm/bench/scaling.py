@@ -21,17 +21,21 @@ __all__ = ["SIZES", "ladder_rows", "restart_rows", "fit_exponent"]
 NOTEBOOK = "scaling"
 
 SIZES: dict[str, dict[str, Any]] = {
-    "smoke": dict(profile="tiny", n_features=3, n_factors=2, scales=[1, 2], backends=["grouped", "state_space"],
-                  repeats=1, time_budget_s=30.0, restarts=2, restart_iter=3, restart_features=3),
-    "quick": dict(profile="one-eighth", n_features=36, n_factors=3, scales=[1, 2, 4],
-                  backends=["grouped", "state_space"], repeats=2, time_budget_s=60.0, restarts=2, restart_iter=5,
-                  restart_features=36),
-    "note": dict(profile="one-eighth", n_features=3600, n_factors=5, scales=[1, 2, 4, 8],
-                 backends=["grouped", "state_space"], repeats=3, time_budget_s=240.0, restarts=4, restart_iter=20,
-                 restart_features=360),
-    "full": dict(profile="one-eighth", n_features=3600, n_factors=5, scales=[1, 2, 4, 8, 16],
-                 backends=["grouped", "state_space"], repeats=3, time_budget_s=1200.0, restarts=8, restart_iter=100,
-                 restart_features=3600),
+    # scales per backend: the grouped factorization grows with the cube of the length, so its ladder is shorter
+    "smoke": dict(profile="tiny", n_features=3, n_factors=2, scales={"grouped": [1, 2], "state_space": [1]},
+                  repeats=1, time_budget_s=30.0, restarts=2, restart_iter=3, restart_features=3,
+                  restart_configs=[("loky", 1)]),
+    "quick": dict(profile="one-eighth", n_features=36, n_factors=3,
+                  scales={"grouped": [1, 2], "state_space": [1, 2, 4]}, repeats=2, time_budget_s=60.0, restarts=2,
+                  restart_iter=5, restart_features=36, restart_configs=[("loky", 1), ("loky", 2)]),
+    "note": dict(profile="one-eighth", n_features=3600, n_factors=5,
+                 scales={"grouped": [1, 2, 4, 8], "state_space": [1, 2, 4, 8]}, repeats=3, time_budget_s=240.0,
+                 restarts=4, restart_iter=20, restart_features=360,
+                 restart_configs=[("loky", 1), ("loky", 2), ("dask", 2)]),
+    "full": dict(profile="one-eighth", n_features=3600, n_factors=5,
+                 scales={"grouped": [1, 2, 4, 8], "state_space": [1, 2, 4, 8, 16]}, repeats=3,
+                 time_budget_s=1200.0, restarts=8, restart_iter=100, restart_features=3600,
+                 restart_configs=[("loky", 1), ("loky", 2), ("dask", 2)]),
 }
 
 
@@ -64,9 +68,9 @@ def ladder_rows(size: str, *, backends=None, info=None, progress=None) -> list[d
     sz = SIZES[size]
     rows: list[dict] = []
     history: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for backend in backends or sz["backends"]:
+    for backend in backends or list(sz["scales"]):
         for layout in ("one_run", "runs"):
-            for scale in sz["scales"]:
+            for scale in sz["scales"][backend]:
                 if layout == "runs" and scale == 1:
                     continue  # identical to one_run at x1
                 params = dict(backend=backend, layout=layout, scale=scale, n_features=sz["n_features"],
@@ -128,8 +132,7 @@ def restart_rows(size: str, *, info=None) -> list[dict]:
     sz = SIZES[size]
     data, truth = data_synth.synthetic_dataset(sz["profile"], n_features=sz["restart_features"], n_factors=3)
     rows = []
-    configs = [("loky", 1), ("loky", 2), ("dask", 2)]
-    for backend, workers in configs:
+    for backend, workers in sz["restart_configs"]:
         client = cluster = None
         try:
             if backend == "dask":
