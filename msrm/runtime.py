@@ -54,8 +54,10 @@ def configure(platform: str | None = None, blas_threads: int | None = None, prea
     Args:
         platform: ``"cpu"``, ``"cuda"``/``"gpu"`` or ``None`` (JAX's own choice). Must be called before JAX
             initialises its backends.
-        blas_threads: threads for LAPACK/BLAS calls made by msrm (through threadpoolctl). ``None`` means the
-            physical core count. A value above the physical cores warns.
+        blas_threads: threads for BLAS/LAPACK in this process. When given, the limit is applied process-wide
+            through threadpoolctl (JAX's CPU Cholesky, LU and triangular solves call the same OpenBLAS as SciPy),
+            and msrm's LAPACK callbacks use it too. ``None`` leaves the libraries' defaults and gives msrm's
+            callbacks the physical core count. A value above the physical cores warns.
         preallocate: GPU memory preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE``); off by default so peak
             memory can be measured and shared cards are not grabbed whole.
     """
@@ -65,6 +67,10 @@ def configure(platform: str | None = None, blas_threads: int | None = None, prea
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if preallocate else "false"
     _STATE["preallocate"] = bool(preallocate)
     _STATE["blas_threads"] = blas_threads
+    if blas_threads is not None:
+        from threadpoolctl import threadpool_limits
+
+        _STATE["limiter"] = threadpool_limits(limits=blas_threads, user_api="blas")
     check_oversubscription(blas_threads if blas_threads is not None else None)
     import jax
 
