@@ -171,6 +171,13 @@ def _git_commit() -> str | None:
         return None
 
 
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover - not available on every platform
+        return None
+
+
 def _version(name: str) -> str | None:
     from importlib import metadata
 
@@ -213,6 +220,8 @@ def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         "xla_preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
         "hostname": _platform.node(),
+        # background load when the evidence was recorded: timings taken under load are upper bounds
+        "load_average_1m": _loadavg(),
         "git_commit": _git_commit(),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
