@@ -53,6 +53,8 @@ __all__ = [
     "group_theta",
     "response_matrix",
     "node_covariance",
+    "covariance_from_response",
+    "woodbury_loglik",
     "node_information",
     "node_woodbury_matrix",
     "run_loglik",
@@ -95,7 +97,11 @@ def node_covariance(theta, layout):
         (K, N, N) array.
     """
     A = response_matrix(theta, layout)
-    Kk = kernel_matrices(layout.dist, theta["lengthscales"], layout.kernel)  # (K, J, J)
+    return covariance_from_response(A, kernel_matrices(layout.dist, theta["lengthscales"], layout.kernel))
+
+
+def covariance_from_response(A, Kk):
+    """``C_k = A K_k A^T``: (K, N, N) from response rows ``A`` (N, J) and prior correlations ``Kk`` (K, J, J)."""
     T = jnp.einsum("uj,kji->kui", A, Kk)
     return jnp.einsum("kui,vi->kuv", T, A)
 
@@ -165,14 +171,26 @@ def run_loglik(theta, run: RunPrepared):
         (value, event): float64 scalar, int32 scalar.
     """
     layout = run.layout
-    N, K = layout.n_nodes, layout.n_factors
     _, eta, R, const = node_information(theta, run)
     C = node_covariance(theta, layout)  # (K, N, N)
+    return woodbury_loglik(eta, R, C, const, layout.method)
+
+
+def woodbury_loglik(eta, R, C, const, method: str):
+    """The node-space Woodbury log density of one run from its node quantities (module docstring).
+
+    Args:
+        eta: (N, K) node statistics. R: (N, K, K) factors of ``Lambda_u``. C: (K, N, N) node covariances.
+        const: scalar ``n_obs log 2 pi + log|D| + r^T D^-1 r``. method: quad_logdet method.
+    Returns:
+        (value, event): float64 scalar, int32 scalar.
+    """
+    N, K = eta.shape
     Ce = jnp.einsum("kuv,vk->uk", C, eta)  # (C eta) in (u, k) order
     eta_C_eta = jnp.sum(eta * Ce)
     v = jnp.einsum("uak,uk->ua", R, Ce).reshape(N * K)
     M = jnp.eye(N * K) + node_woodbury_matrix(R, C).reshape(N * K, N * K)
-    quad, logdet, event = linalg.quad_logdet(M, v, method=layout.method)
+    quad, logdet, event = linalg.quad_logdet(M, v, method=method)
     return -0.5 * (const - eta_C_eta + quad + logdet), event
 
 
@@ -181,7 +199,8 @@ def grouped_loglik(theta, prepared: Prepared):
 
     Args:
         theta: constrained parameter pytree (see the module docstring).
-        prepared: from :func:`msrm.gp.prepare.prepare`.
+        prepared: from :func:`msrm.gp.prepare.prepare` (per-run loop) or
+            :func:`msrm.gp.multirun.prepare_multirun` (batched and sharded runs).
     Returns:
         (value, events): float64 scalar, (n_runs,) int32 event codes of the factorizations.
     """
@@ -190,8 +209,17 @@ def grouped_loglik(theta, prepared: Prepared):
     return jnp.sum(values), events
 
 
-def run_logliks(theta, prepared: Prepared):
-    """Per-run log likelihoods ``(n_runs,)`` and event codes ``(n_runs,)`` int32."""
+def run_logliks(theta, prepared):
+    """Per-run log likelihoods ``(n_runs,)`` and event codes ``(n_runs,)`` int32.
+
+    ``prepared`` is a :class:`~msrm.gp.prepare.Prepared` (one traced copy of :func:`run_loglik` per run, the
+    reference loop) or a :class:`~msrm.gp.multirun.MultiRunPrepared` (runs stacked by shape signature, one
+    vmapped trace per signature, sharded over devices when the prepared object holds a mesh).
+    """
+    if not isinstance(prepared, Prepared):
+        from . import multirun
+
+        return multirun.run_logliks(theta, prepared)
     out = [run_loglik(theta, run) for run in prepared.runs]
     return jnp.stack([v for v, _ in out]), jnp.stack([e for _, e in out]).astype(jnp.int32)
 

@@ -17,6 +17,11 @@ Construction validates data against spec, prepares the backend once (NumPy) and 
 Backends are pairs ``prepare(data, spec, **options) -> prepared`` and ``loglik(theta, prepared) -> (value,
 events)``: ``"dense"``/``"grouped"`` are :mod:`msrm.gp.prepare` + :mod:`msrm.gp.likelihood`;
 ``"state_space"`` is :mod:`msrm.gp.state_space` (issue 5), imported only when asked for.
+
+**Several runs and devices** (dense/grouped). By default the per-run preparation is restacked by
+:func:`msrm.gp.multirun.stack_runs`: runs of one shape signature are evaluated by one ``jax.vmap`` (one trace
+however many runs), and with several JAX devices (``devices=None`` takes every local device when there is more
+than one) the run axis is sharded over them. Results equal the per-run loop (``batch_runs=False``) to rounding.
 """
 from __future__ import annotations
 
@@ -74,6 +79,13 @@ class GPMSRM:
         priors: ``None`` (defaults), a :class:`~msrm.gp.transforms.Priors`, or a dict overriding names of
             :data:`~msrm.gp.transforms.PRIOR_DEFAULTS`.
         response_embedding, parallel, checkpoint_every, n_states: state-space options, passed through.
+        devices: where runs are evaluated (dense/grouped): ``None`` (every local device when there are several,
+            else the one), ``"all"``, a ``jax.Device`` or a list of devices or device indices. More than one
+            device shards the runs over them (:mod:`msrm.gp.multirun`); ``state_space`` takes one device.
+        batch_runs: stack runs by shape signature and vmap them (default); False keeps the per-run loop (the
+            reference; one device only).
+        pad_tolerance: runs of one structure share a stack when padding grows their node count and grid by at
+            most this fraction (exact: dummy nodes and grid points add nothing); 0 stacks only equal sizes.
     Raises:
         KeyError: a modality without a response in the spec; unknown prior names.
         ValueError: bad arguments (named).
@@ -83,7 +95,8 @@ class GPMSRM:
     """
 
     def __init__(self, data: Dataset, spec: ModelSpec, linear_algebra: str = "grouped", *, method: str = "auto",
-                 priors=None, response_embedding=None, parallel=None, checkpoint_every=None, n_states=None):
+                 priors=None, response_embedding=None, parallel=None, checkpoint_every=None, n_states=None,
+                 devices=None, batch_runs: bool = True, pad_tolerance: float = 0.1):
         if not isinstance(data, Dataset):
             raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
         if not isinstance(spec, ModelSpec):
@@ -97,6 +110,11 @@ class GPMSRM:
                                                                   n_states)) if v is not None}
         if ss_options and linear_algebra != "state_space":
             raise ValueError(f"options {sorted(ss_options)} apply only to linear_algebra='state_space'")
+        if not isinstance(batch_runs, (bool, np.bool_)):
+            raise ValueError(f"batch_runs must be True or False, got {batch_runs!r}")
+        if isinstance(pad_tolerance, bool) or not isinstance(pad_tolerance, (int, float)) or not (
+                np.isfinite(pad_tolerance) and pad_tolerance >= 0):
+            raise ValueError(f"pad_tolerance must be a finite number >= 0, got {pad_tolerance!r}")
         self.data, self.spec, self.linear_algebra, self.method = data, spec, linear_algebra, method
         self.blocks = tf.param_blocks(data, spec)
         if isinstance(priors, tf.Priors):
@@ -109,6 +127,18 @@ class GPMSRM:
 
         import jax
 
+        from .multirun import resolve_devices
+
+        self.devices = resolve_devices(devices)
+        if len(self.devices) > 1 and devices is not None and (linear_algebra == "state_space" or not batch_runs):
+            raise ValueError(
+                f"devices: sharding runs over {len(self.devices)} devices needs linear_algebra 'dense' or 'grouped' "
+                f"with batch_runs=True (got linear_algebra={linear_algebra!r}, batch_runs={batch_runs}); pass "
+                f"one device")
+        if linear_algebra == "state_space" or not batch_runs:
+            self.devices = self.devices[:1]
+        # one device named by the caller: commit the data there; otherwise JAX's default (uncommitted) placement
+        place = self.devices[0] if devices is not None and len(self.devices) == 1 else None
         if linear_algebra == "state_space":
             try:
                 backend = importlib.import_module("msrm.gp.state_space")
@@ -122,15 +152,26 @@ class GPMSRM:
                     "prepare/loglik)"
                 )
             prepared = backend.prepare(data, spec, **ss_options)
+            self._node_counts: list[int] = []
+            self.prepared = jax.device_put(prepared, place)
         else:
-            from . import likelihood
+            from . import likelihood, multirun
             from . import prepare as prep
 
             backend = likelihood
             prepared = prep.prepare(data, spec, grouped=linear_algebra == "grouped", method=method)
-            self._check_memory(prepared)
+            self._node_counts = [int(r.layout.n_nodes) for r in prepared.runs]
+            if batch_runs:
+                # before anything is placed on a device
+                self._check_memory(multirun.padded_node_counts(prepared.runs, pad_tolerance))
+                prepared = multirun.stack_runs(prepared, devices=self.devices if devices is not None else None,
+                                               pad_tolerance=pad_tolerance)
+            else:
+                self._check_memory(self._node_counts)
+                prepared = jax.device_put(prepared, place)
+            self.prepared = prepared
+        self.batch_runs = bool(batch_runs) and linear_algebra != "state_space"
         self._backend_loglik = backend.loglik
-        self.prepared = jax.device_put(prepared)
         self._priors_dev = jax.device_put(self.priors)
         self._events: collections.Counter = collections.Counter()
 
@@ -152,22 +193,30 @@ class GPMSRM:
     # ------------------------------------------------------------------------------------------ sizes
     @property
     def node_counts(self) -> list[int]:
-        """Nodes per run of the prepared backend (dense/grouped)."""
-        runs = getattr(self.prepared, "runs", ())
-        return [int(r.layout.n_nodes) for r in runs if hasattr(r, "layout")]
+        """Nodes per run of the prepared backend (dense/grouped; before any padding)."""
+        return list(self._node_counts)
+
+    @property
+    def run_stacks(self) -> list[dict]:
+        """How runs are evaluated (dense/grouped, ``batch_runs=True``): one dict per stack with the run indices,
+        the padded node count and grid length, and how many device slots it fills (runs plus dummy copies)."""
+        out = []
+        for b in getattr(self.prepared, "buckets", ()):
+            out.append({"runs": list(b.run_index), "n_nodes": b.signature.n_nodes, "n_grid": b.signature.n_grid,
+                        "slots": b.n_stacked})
+        return out
 
     @property
     def factorization_dims(self) -> list[int]:
         """N K per run: the dimension of the dense factorization (dense/grouped)."""
         return [n * self.spec.n_factors for n in self.node_counts]
 
-    def _check_memory(self, prepared) -> None:
+    def _check_memory(self, node_counts) -> None:
         from . import memory
 
         extra, largest = 0, 0
         K = self.spec.n_factors
-        for run in prepared.runs:
-            N = run.layout.n_nodes
+        for N in node_counts:
             # kept alive across the backward pass per run: M's factor and C_k (plus temporaries of one (NK)^2)
             extra += 8 * (2 * (N * K) ** 2 + 2 * K * N * N)
             largest = max(largest, N * K)
@@ -333,6 +382,9 @@ class GPMSRM:
             n_runs=len(self.data.runs),
             node_counts=self.node_counts,
             factorization_dims=self.factorization_dims,
+            batch_runs=self.batch_runs,
+            run_stacks=self.run_stacks,
+            model_devices=[str(d) for d in self.devices],
             n_observed=self.data.n_observed,
         )
         return info
