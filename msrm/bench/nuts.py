@@ -31,10 +31,11 @@ NOTEBOOK = "gradient_nuts"
 
 SIZES: dict[str, dict[str, Any]] = {
     "smoke": dict(profile="tiny", n_features=4, n_runs=1, n_factors=1, num_warmup=3, num_samples=3,
-                  max_tree_depth=3, repeats=2, vectorized=False),
-    # quick: the one-eighth design at a quarter of its length (about 230 nodes), so the run takes minutes here
+                  max_tree_depth=3, repeats=2, vectorized=False, method="native", compare_methods=False),
+    # quick: the one-eighth design at a quarter of its length (about 235 nodes) with the native factorization,
+    # so the run takes minutes here (the LAPACK callback is timed beside it in objective_gradient)
     "quick": dict(profile="one-eighth", n_features=36, n_runs=1, n_factors=3, num_warmup=15, num_samples=15,
-                  max_tree_depth=5, repeats=3, vectorized=True, duration_scale=0.25),
+                  max_tree_depth=5, repeats=3, vectorized=True, duration_scale=0.25, method="native"),
     "note": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=15, num_samples=15,
                  max_tree_depth=5, repeats=3, vectorized=True),
     "full": dict(profile="one-eighth", n_features=3600, n_runs=8, n_factors=3, num_warmup=15, num_samples=15,
@@ -65,13 +66,22 @@ def _not_yet(info: dict, reason: str, **params) -> list[dict]:
 
 
 def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebra: str = "grouped",
-              method: str = "auto", seed: int = 0) -> list[dict]:
-    """All rows of the objective/gradient, NUTS, vectorised-chains and projection experiments."""
+              method: str | None = None, seed: int = 0) -> list[dict]:
+    """All rows of the objective/gradient, NUTS, vectorised-chains and projection experiments.
+
+    Args:
+        method: factorization path of the model NUTS runs on (``"auto"``, ``"callback"``, ``"native"``);
+            ``None`` takes the profile's choice (``"native"`` for smoke/quick, ``"auto"`` otherwise). The other
+            path's ``value_and_grad`` is timed beside it.
+    """
     from ..runtime import execution_info
 
     if profile not in SIZES:
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
     cfg = SIZES[profile]
+    method = method if method is not None else cfg.get("method", "auto")
+    if method not in ("auto", "callback", "native"):
+        raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
     info = info if info is not None else execution_info(include_jax=True)
     common = dict(data_profile=cfg["profile"], n_features=cfg["n_features"], n_runs=cfg["n_runs"],
                   duration_scale=cfg.get("duration_scale", 1.0),
@@ -109,6 +119,23 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
     row("objective_gradient", "potential_value_and_grad_median_s", pot_s, "s", samples=pot_samples)
     row("objective_gradient", "log_density", value, "", point="initial_params(seed=0)")
     row("objective_gradient", "grad_norm", float(np.linalg.norm(grad)), "", point="initial_params(seed=0)")
+    if cfg.get("compare_methods", True):
+        other = "native" if method != "native" else "callback"
+        alt = _model(cfg, linear_algebra, other)
+        t0 = time.perf_counter()
+        alt_value, alt_grad = alt.value_and_grad(u0)
+        compile_alt = time.perf_counter() - t0
+        alt_s, alt_samples = warm_median(lambda: alt.value_and_grad(u0), repeats=cfg["repeats"], warmup=0)
+        extra = {"method": other}
+        rows.append(make_row(NOTEBOOK, "objective_gradient", "compile_and_first_call_s", compile_alt, "s", info=info,
+                             **{**common, **extra}))
+        rows.append(make_row(NOTEBOOK, "objective_gradient", "value_and_grad_median_s", alt_s, "s", info=info,
+                             samples=alt_samples, **{**common, **extra}))
+        rel = abs(alt_value - value) / max(abs(value), 1e-300)
+        grel = float(np.max(np.abs(alt_grad - grad)) / max(float(np.max(np.abs(grad))), 1e-300))
+        row("objective_gradient", "log_density_rel_diff_between_methods", rel, "", other_method=other)
+        row("objective_gradient", "grad_max_rel_diff_between_methods", grel, "", other_method=other)
+        del alt
 
     settings = dict(num_warmup=cfg["num_warmup"], num_samples=cfg["num_samples"],
                     max_tree_depth=cfg["max_tree_depth"], seed=seed, init=u0, progress=False)
