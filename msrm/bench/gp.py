@@ -148,11 +148,13 @@ def parts_rows(cfg, profile, info, repeats) -> list[dict]:
     from ..gp import likelihood as L
     from ..gp import linalg
     from ..gp.model import params_to_theta
+    from ..gp.prepare import prepare
 
     K = cfg["factors"][0]
     model, u, truth = build_case(cfg, K)
     theta = params_to_theta(truth.params)
-    run = model.prepared.runs[0]
+    # the parts are timed on one run prepared on its own (the model itself may batch runs by shape)
+    run = prepare(model.data, model.spec, grouped=True, method=model.method).runs[0]
     lay = run.layout
     N = lay.n_nodes
 
