@@ -55,21 +55,23 @@ def _z_table(n: int) -> np.ndarray:
 def _z_sorted(s: np.ndarray, table: np.ndarray) -> np.ndarray:
     """Normal scores of row-sorted values ``s`` (P, n), ties given their average rank (scipy's ``rankdata``).
 
-    Without ties the score at sorted position i is ``table[2 i]``; rows with ties get the average of the tie
-    group's first and last positions: ``rank = (a + b) / 2 + 1`` for a group spanning positions ``a..b``.
+    Without ties the score at sorted position i is ``table[2 i]``. A tie group spanning positions ``a..b`` has
+    average rank ``(a + b) / 2 + 1``, i.e. ``table[a + b]``. Ties are sparse in practice (the two values next to
+    the median of the folded draws are the usual one), so groups are found from the tied pairs only.
     """
     P, n = s.shape
     out = np.broadcast_to(table[::2], (P, n)).copy()
-    tie = s[:, 1:] == s[:, :-1]
-    rows = np.flatnonzero(tie.any(axis=1))
+    rows, k = np.nonzero(s[:, 1:] == s[:, :-1])  # pair (k, k+1) of row ``rows`` is tied
     if rows.size:
-        t = tie[rows]
-        pos = np.arange(n)
-        start = np.where(np.concatenate([np.ones((rows.size, 1), bool), ~t], axis=1), pos, 0)
-        start = np.maximum.accumulate(start, axis=1)
-        end = np.where(np.concatenate([~t, np.ones((rows.size, 1), bool)], axis=1), pos, n - 1)
-        end = np.minimum.accumulate(end[:, ::-1], axis=1)[:, ::-1]
-        out[rows] = table[start + end]  # index 2 r - 2 = a + b
+        flat = rows * n + k  # flat position of each tied pair's first element
+        new = np.ones(flat.size, bool)
+        new[1:] = flat[1:] != flat[:-1] + 1  # consecutive pairs in one row chain into one group
+        first = np.flatnonzero(new)
+        a = k[first]
+        b = np.append(k[first[1:] - 1], k[-1]) + 1
+        score = table[a + b][np.cumsum(new) - 1]
+        out.flat[flat] = score
+        out.flat[flat + 1] = score
     return out
 
 
@@ -89,10 +91,15 @@ def _mean_acov(y: np.ndarray, m: int) -> np.ndarray:
     Returns (P, min(n, m - n + 1)): lags ``0..m-n`` are exact (the zero padding keeps wrapped terms out).
     ``acov_c(t) = (1/n) sum_i (y_ci - ybar_c)(y_c,i+t - ybar_c)`` as ``arviz.stats.stats_utils.autocov``.
     """
-    n = y.shape[-1]
-    yc = y - y.mean(axis=-1, keepdims=True)
-    f = _fft.rfft(yc, n=m, axis=-1)
-    power = (f.real**2 + f.imag**2).mean(axis=1)
+    P, R, n = y.shape
+    buf = np.zeros((P, R, m))  # centred rows written straight into the zero-padded FFT input
+    np.subtract(y, y.mean(axis=-1, keepdims=True), out=buf[:, :, :n])
+    f = _fft.rfft(buf, axis=-1, overwrite_x=True)
+    fv = f.view(np.float64)  # (re, im) pairs: |F|^2 = re^2 + im^2, squared in place
+    np.square(fv, out=fv)
+    power = fv[..., 0::2].sum(axis=1)
+    power += fv[..., 1::2].sum(axis=1)
+    power /= R
     lags = min(n, m - n + 1)
     return _fft.irfft(power, n=m, axis=-1)[:, :lags] / n
 
@@ -239,10 +246,11 @@ def _diagnose_block(x: np.ndarray) -> dict[str, np.ndarray]:
     half = N // 2
     med = (s[:, half - 1] + s[:, half]) / 2.0
     runs = np.concatenate([med[:, None] - s[:, half - 1 :: -1], s[:, half:] - med[:, None]], axis=1)
-    order_f = np.argsort(runs, axis=1, kind="stable")
+    runs_index = np.concatenate([order[:, half - 1 :: -1], order[:, half:]], axis=1)  # where each came from
+    order_f = np.argsort(runs, axis=1, kind="stable")  # a merge of two ascending runs
     s_f = np.take_along_axis(runs, order_f, axis=1)
-    pos = np.where(order_f < half, half - 1 - order_f, order_f)  # position in ``s``
-    z_fold = _scatter(np.take_along_axis(order, pos, axis=1), _z_sorted(s_f, table)).reshape(Pf, 2 * C, h)
+    index_f = np.take_along_axis(runs_index, order_f, axis=1)
+    z_fold = _scatter(index_f, _z_sorted(s_f, table)).reshape(Pf, 2 * C, h)
 
     # tail quantiles over all C D draws (the split drops the middle draw when D is odd)
     if D % 2 == 0:

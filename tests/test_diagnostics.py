@@ -144,3 +144,17 @@ def test_does_not_import_jax():
     code = "import msrm.diagnostics, sys; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_normal_scores_with_ties_equal_scipy_rankdata():
+    from scipy import special, stats
+
+    rng = np.random.default_rng(9)
+    x = rng.integers(0, 4, size=(7, 12)).astype(float)  # many ties, groups touching row ends
+    x[2] = 5.0  # a constant row
+    x[3] = np.arange(12.0)  # no ties
+    n = x.shape[1]
+    s = np.sort(x, axis=1)
+    got = diag._z_sorted(s, diag._z_table(n))
+    want = special.ndtri((stats.rankdata(s, method="average", axis=1) - 3 / 8) / (n - 3 / 4 + 1))
+    np.testing.assert_array_equal(got, want)
