@@ -36,7 +36,7 @@ SIZES: dict[str, dict[str, Any]] = {
     # no vectorised pair, so it fits the runner's quick limit here (the LAPACK callback is timed beside it in
     # objective_gradient; the note profile runs the vectorised pair)
     "quick": dict(profile="one-eighth", n_features=36, n_runs=1, n_factors=3, num_warmup=15, num_samples=15,
-                  max_tree_depth=5, repeats=3, vectorized=False, duration_scale=0.25, method="native"),
+                  max_tree_depth=5, repeats=7, vectorized=False, duration_scale=0.25, method="native"),
     "note": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=15, num_samples=15,
                  max_tree_depth=5, repeats=3, vectorized=True),
     "full": dict(profile="one-eighth", n_features=3600, n_runs=8, n_factors=3, num_warmup=15, num_samples=15,
