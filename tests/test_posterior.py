@@ -181,17 +181,15 @@ def test_gp_inference_data_has_named_dims_and_physical_values():
 
 @pytest.mark.slow
 def test_gp_nuts_runs_and_covers_the_truth():
-    msrm.runtime.enable_x64()
     import data_synth
 
-    import msrm
-
+    msrm.runtime.enable_x64()
     # one factor: the only exact symmetry is the sign flip (W, Z) -> (-W, -Z); starting at the truth keeps both
     # chains in its mode. Two short runs leave the latent scale (and so |W|) loosely determined, so the bar is
     # "most parameters", not 90% of them.
     data, truth = data_synth.synthetic_dataset(profile="tiny", n_features=4, seed=0, n_runs=2, n_factors=1)
     model = msrm.GPMSRM(data, truth.spec, method="native")
-    post = model.sample(num_warmup=150, num_samples=150, num_chains=2, seed=3, max_tree_depth=5,
+    post = model.sample(num_warmup=400, num_samples=400, num_chains=2, seed=3, max_tree_depth=5,
                         init=truth.params, progress=False)
     s = post.summary
     assert s.attrs["divergences"]["num_divergent"] <= 2
