@@ -23,11 +23,11 @@ SIZES = {
 def reliability_rows(size: str, *, info=None) -> tuple[list[dict], dict]:
     """Run the catalogue, the fault injections and the SIGKILL trials; return (rows, details)."""
     from msrm import _atomic
-    from msrm.reliability import foundation_cases, run_catalogue
+    from msrm.reliability import all_cases, run_catalogue
     from msrm.reliability.crash import kill_during_writes
 
     sz = SIZES[size]
-    catalogue = run_catalogue(foundation_cases())
+    catalogue = run_catalogue(all_cases())
     rows = [
         make_row(NOTEBOOK, "bad_inputs", "tried", len(catalogue), "inputs", info=info),
         make_row(NOTEBOOK, "bad_inputs", "documented_error_raised", sum(r["ok"] for r in catalogue), "inputs",

@@ -195,7 +195,10 @@ def load_netcdf(path: str | Path):
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"posterior archive {path} not found")
-    idata = az.from_netcdf(str(path), engine="h5netcdf")
+    try:
+        idata = az.from_netcdf(str(path), engine="h5netcdf")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"posterior archive {path} is not a readable NetCDF/HDF5 file ({exc})") from exc
     for group in idata.groups():
         ds = idata[group]
         for k in _JSON_ATTRS:

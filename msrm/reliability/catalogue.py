@@ -15,7 +15,7 @@ import numpy as np
 
 import msrm
 
-__all__ = ["BadInput", "foundation_cases", "run_catalogue"]
+__all__ = ["BadInput", "foundation_cases", "argument_cases", "all_cases", "run_catalogue"]
 
 
 @dataclass(frozen=True)
@@ -167,6 +167,96 @@ def foundation_cases() -> list[BadInput]:
                  ValueError, r"loadings\['p1/brain'\].*non-finite"),
     ]
     return cases
+
+
+def _tiny_model():
+    import msrm
+
+    data, truth = _tiny()
+    return msrm.GPMSRM(data, truth.spec)
+
+
+def _fit(**kw):
+    data, truth = _tiny()
+    return msrm.fit_rmsrm(data, truth.spec, progress=False, **kw)
+
+
+def _garbage_file(name: str) -> str:
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / name
+    path.write_bytes(b"not an archive")
+    return str(path)
+
+
+def _load_rfit(path):
+    from msrm.rmsrm import load_rfit
+
+    return load_rfit(path)
+
+
+def _load_map(path):
+    from msrm.gp.map import load_map
+
+    return load_map(path)
+
+
+def _load_netcdf(path):
+    from msrm.gp.idata import load_netcdf
+
+    return load_netcdf(path)
+
+
+def _run_notebooks(**kw):
+    import tempfile
+
+    from msrm.notebooks.runner import run_notebooks
+
+    return run_notebooks(results=tempfile.mkdtemp(), **kw)
+
+
+def argument_cases() -> list[BadInput]:
+    """Bad arguments to the fits and samplers, bad notebook parameters and unreadable archives."""
+    return [
+        BadInput("fit_rmsrm", "restarts zero", lambda: _fit(restarts=0), ValueError, r"restarts must be"),
+        BadInput("fit_rmsrm", "max_iter negative", lambda: _fit(max_iter=-1), ValueError, r"max_iter must be"),
+        BadInput("fit_rmsrm", "unknown objective", lambda: _fit(objective="fast"), ValueError, r"objective.*'fast'"),
+        BadInput("fit_rmsrm", "unknown latent solver", lambda: _fit(latent_solver="lu"), ValueError,
+                 r"latent_solver.*'lu'"),
+        BadInput("fit_rmsrm", "unknown backend", lambda: _fit(backend="mpi"), ValueError, r"backend.*'mpi'"),
+        BadInput("GPMSRM", "unknown linear algebra", lambda: msrm.GPMSRM(_tiny()[0], _tiny()[1].spec, linear_algebra="cholesky"), ValueError,
+                 r"linear_algebra.*'cholesky'"),
+        BadInput("GPMSRM", "unknown factorization method",
+                 lambda: msrm.GPMSRM(_tiny()[0], _tiny()[1].spec, method="gpu"), ValueError, r"method.*'gpu'"),
+        BadInput("GPMSRM", "parameter vector of the wrong length", lambda: _tiny_model().value_and_grad(np.zeros(3)),
+                 ValueError, r"u must have shape"),
+        BadInput("sample", "unknown chain method",
+                 lambda: _tiny_model().sample(num_warmup=2, num_samples=2, chain_method="threads", progress=False),
+                 ValueError, r"chain_method.*'threads'"),
+        BadInput("sample", "zero draws", lambda: _tiny_model().sample(num_warmup=2, num_samples=0, progress=False),
+                 ValueError, r"num_samples must be"),
+        BadInput("sample", "unknown init", lambda: _tiny_model().sample(num_warmup=2, num_samples=2, init="median",
+                                                                         progress=False),
+                 ValueError, r"init must be"),
+        BadInput("fit_map", "zero iterations", lambda: _tiny_model().fit_map(maxiter=0, progress=False), ValueError,
+                 r"maxiter must be"),
+        BadInput("fit_map", "unknown optimizer", lambda: _tiny_model().fit_map(method="adam", progress=False),
+                 ValueError, r"method.*'adam'"),
+        BadInput("archive", "R-MSRM archive that is not an npz", lambda: _load_rfit(_garbage_file("fit.npz")),
+                 ValueError, r"load_rfit.*not a readable"),
+        BadInput("archive", "R-MSRM archive that does not exist", lambda: _load_rfit("/nonexistent/fit.npz"),
+                 ValueError, r"load_rfit: no archive"),
+        BadInput("archive", "MAP archive without its JSON", lambda: _load_map(_garbage_file("map.npz")),
+                 FileNotFoundError, r"MAP archive .*json not found"),
+        BadInput("archive", "posterior archive that is not NetCDF", lambda: _load_netcdf(_garbage_file("post.nc")),
+                 ValueError, r"posterior archive .*post.nc is not a readable NetCDF"),
+        BadInput("notebooks", "unknown profile", lambda: _run_notebooks(profile="huge"), ValueError, r"profile"),
+    ]
+
+
+def all_cases() -> list[BadInput]:
+    return foundation_cases() + argument_cases()
 
 
 def run_catalogue(cases: list[BadInput]) -> list[dict]:
