@@ -1,0 +1,248 @@
+"""State-space backend benchmarks: memory against the note's staging, speed against ``grouped``, the duration
+ladder, exactness, bank error against state count, and the parallel scan against the sequential one.
+
+Every function returns results rows (:func:`msrm.bench.rows.make_row`, notebook ``"state_space"``); timings are
+warm medians of ``GPMSRM.value_and_grad`` after compilation (outputs synchronised), peak memory is the process
+high-water mark added by the timed block (:class:`msrm.bench.measure.PeakMemory`), and ratios are measured side
+by side in one process.
+
+The note's as-written staging held one transition and one process-noise matrix per scalar observation:
+``n_obs x S_note^2 x 2 x 8`` bytes with ``S_note = 50 K`` states (two Gaussian responses on 25-state banks
+per factor); :func:`note_staging_bytes` computes it, and the same per unique node.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .measure import PeakMemory, warm_median
+from .rows import make_row
+
+__all__ = ["SIZES", "NOTEBOOK", "NOTE_STATES_PER_FACTOR", "note_staging_bytes", "memory_rows", "speed_rows",
+           "ladder_rows", "bank_rows", "parallel_rows", "all_rows"]
+
+NOTEBOOK = "state_space"
+NOTE_STATES_PER_FACTOR = 50
+
+SIZES: dict[str, dict[str, Any]] = {
+    "smoke": dict(profile="tiny", n_features=3, K=2, ladder_K=2, scales=[1, 2], grouped_scales=[1, 2],
+                  bank_states=[2, 8], parallel=dict(duration_scale=1.0, K=2), repeats=1, time_budget_s=30.0),
+    "quick": dict(profile="one-eighth", n_features=36, K=3, ladder_K=5, scales=[1, 2, 4], grouped_scales=[1, 2],
+                  bank_states=[2, 4, 8, 16, 32], parallel=dict(duration_scale=0.25, K=2), repeats=2,
+                  time_budget_s=60.0),
+    "note": dict(profile="one-eighth", n_features=3600, K=3, ladder_K=5, scales=[1, 2, 4, 8],
+                 grouped_scales=[1, 2, 4, 8], bank_states=[2, 4, 8, 16, 24, 32, 48],
+                 parallel=dict(duration_scale=0.5, K=3), repeats=3, time_budget_s=300.0),
+}
+
+
+def note_staging_bytes(count: int, K: int, states_per_factor: int = NOTE_STATES_PER_FACTOR) -> int:
+    """Bytes of the note's staged transition + process-noise arrays: ``count x (s K)^2 x 2 x 8``."""
+    S = states_per_factor * K
+    return int(count) * S * S * 2 * 8
+
+
+def _case(sz: dict, *, K: int, duration_scale: float = 1.0, seed: int = 0):
+    import data_synth
+
+    return data_synth.synthetic_dataset(sz["profile"], n_features=sz["n_features"], duration_scale=duration_scale,
+                                        n_factors=K, seed=seed)
+
+
+def _n_obs(data) -> int:
+    return int(sum(s.mask.sum() for r in data.runs for s in r.streams))
+
+
+def _timed(model, u, repeats: int):
+    """(first call s, warm median s, samples, PeakMemory) of value_and_grad."""
+    t0 = time.perf_counter()
+    model.value_and_grad(u)
+    first = time.perf_counter() - t0
+    with PeakMemory() as pm:
+        med, samples = warm_median(lambda: model.value_and_grad(u), repeats=repeats, warmup=0)
+    return first, med, samples, pm
+
+
+def _model(data, spec, backend: str, **options):
+    import msrm
+
+    return msrm.GPMSRM(data, spec, linear_algebra=backend, **options)
+
+
+def _ss_params(model) -> dict:
+    t = model.prepared.runs[0].tables
+    return dict(n_states=t.n_states, n_steps=t.n_steps, sub_steps=int(t.grid_index.size), chunk=t.chunk,
+                n_chunks=t.n_chunks, slots=t.n_slots)
+
+
+def memory_rows(size: str, *, info=None) -> list[dict]:
+    """The note's staging (per observation and per node) beside this backend's measured value+grad peak."""
+    import msrm
+
+    sz = SIZES[size]
+    data, truth = _case(sz, K=sz["K"])
+    n_obs, n_nodes = _n_obs(data), sum(msrm.count_nodes(data, truth.spec))
+    base = dict(K=sz["K"], n_features=sz["n_features"], profile=sz["profile"], n_obs=n_obs, n_nodes=n_nodes)
+    rows = [
+        make_row(NOTEBOOK, "memory", "note_staging_per_observation_bytes", note_staging_bytes(n_obs, sz["K"]),
+                 "bytes", info=info, states=NOTE_STATES_PER_FACTOR * sz["K"], **base),
+        make_row(NOTEBOOK, "memory", "note_staging_per_node_bytes", note_staging_bytes(n_nodes, sz["K"]), "bytes",
+                 info=info, states=NOTE_STATES_PER_FACTOR * sz["K"], **base),
+    ]
+    model = _model(data, truth.spec, "state_space")
+    u = model.unconstrain(truth.params)
+    first, med, samples, pm = _timed(model, u, sz["repeats"])
+    extra = dict(base, **_ss_params(model))
+    if pm.delta_bytes is not None:
+        rows.append(make_row(NOTEBOOK, "memory", "state_space_peak_rss_delta_bytes", pm.delta_bytes, "bytes",
+                             info=info, method=pm.method, **extra))
+    if pm.peak_rss_bytes is not None:
+        rows.append(make_row(NOTEBOOK, "memory", "state_space_peak_rss_bytes", pm.peak_rss_bytes, "bytes",
+                             info=info, method=pm.method, **extra))
+    if pm.device_peak_bytes is not None:
+        rows.append(make_row(NOTEBOOK, "memory", "state_space_device_peak_bytes", pm.device_peak_bytes, "bytes",
+                             info=info, **extra))
+    return rows
+
+
+def speed_rows(size: str, *, info=None) -> list[dict]:
+    """value+grad of state_space and grouped on the same data in one process, their ratio and agreement."""
+    from msrm.gp.memory import MemoryGuardError
+
+    sz = SIZES[size]
+    data, truth = _case(sz, K=sz["K"])
+    base = dict(K=sz["K"], n_features=sz["n_features"], profile=sz["profile"])
+    rows, med, values = [], {}, {}
+    for backend in ("state_space", "grouped"):
+        try:
+            model = _model(data, truth.spec, backend)
+        except MemoryGuardError as exc:
+            rows.append(make_row(NOTEBOOK, "speed", "median_s", None, "s", status="refused", info=info,
+                                 reason=str(exc), backend=backend, **base))
+            continue
+        u = model.unconstrain(truth.params)
+        first, med[backend], samples, _ = _timed(model, u, sz["repeats"])
+        values[backend] = model.log_likelihood(truth.params)
+        extra = dict(base, backend=backend, **(_ss_params(model) if backend == "state_space" else {}))
+        rows.append(make_row(NOTEBOOK, "speed", "median_s", med[backend], "s", info=info, samples=samples, **extra))
+        rows.append(make_row(NOTEBOOK, "speed", "first_call_s", first, "s", info=info, **extra))
+        del model
+    if len(med) == 2:
+        rows.append(make_row(NOTEBOOK, "speed", "grouped_over_state_space", med["grouped"] / med["state_space"], "x",
+                             info=info, **base))
+        rel = abs(values["state_space"] - values["grouped"]) / abs(values["grouped"])
+        rows.append(make_row(NOTEBOOK, "exactness", "relative_difference_to_grouped", rel, "", info=info,
+                             loglik_grouped=values["grouped"], loglik_state_space=values["state_space"], **base))
+    return rows
+
+
+def ladder_rows(size: str, *, info=None, progress=None) -> list[dict]:
+    """Duration ladder (one long run) at K = ladder_K: time and peak memory of value+grad per backend, the fitted
+    duration exponent, and the memory guard's refusal (or a predicted-time skip) where grouped does not fit."""
+    import msrm
+    from msrm.gp.memory import MemoryGuardError
+
+    from .scaling import fit_exponent
+
+    sz = SIZES[size]
+    rows: list[dict] = []
+    for backend, scales in (("state_space", sz["scales"]), ("grouped", sz["grouped_scales"])):
+        past: list[tuple[float, float]] = []
+        for scale in scales:
+            params = dict(backend=backend, scale=scale, K=sz["ladder_K"], n_features=sz["n_features"],
+                          profile=sz["profile"])
+            if len(past) >= 2:
+                slope = fit_exponent([p[0] for p in past], [p[1] for p in past])
+                predicted = past[-1][1] * (scale / past[-1][0]) ** max(slope, 1.0)
+                if predicted * (sz["repeats"] + 2) > sz["time_budget_s"]:
+                    rows.append(make_row(NOTEBOOK, "ladder", "median_s", None, "s", status="not_yet_measured",
+                                         info=info, reason=f"predicted {predicted:.0f} s per call exceeds the "
+                                                           f"profile's budget of {sz['time_budget_s']:.0f} s", **params))
+                    continue
+            data, truth = _case(sz, K=sz["ladder_K"], duration_scale=float(scale))
+            try:
+                model = _model(data, truth.spec, backend)
+            except MemoryGuardError as exc:
+                rows.append(make_row(NOTEBOOK, "ladder", "median_s", None, "s", status="refused", info=info,
+                                     reason=str(exc), **params))
+                continue
+            u = model.unconstrain(truth.params)
+            first, med, samples, pm = _timed(model, u, sz["repeats"])
+            past.append((scale, med))
+            extra = dict(params, n_nodes=sum(msrm.count_nodes(data, truth.spec)),
+                         **(_ss_params(model) if backend == "state_space" else {}))
+            rows.append(make_row(NOTEBOOK, "ladder", "median_s", med, "s", info=info, samples=samples, **extra))
+            rows.append(make_row(NOTEBOOK, "ladder", "first_call_s", first, "s", info=info, **extra))
+            if pm.delta_bytes is not None:
+                rows.append(make_row(NOTEBOOK, "ladder", "peak_rss_delta_bytes", pm.delta_bytes, "bytes", info=info,
+                                     method=pm.method, **extra))
+            if pm.device_peak_bytes is not None:
+                rows.append(make_row(NOTEBOOK, "ladder", "device_peak_bytes", pm.device_peak_bytes, "bytes",
+                                     info=info, **extra))
+            if progress is not None:
+                progress(backend, scale, med)
+            del model
+        if len(past) >= 2:
+            rows.append(make_row(NOTEBOOK, "ladder", "duration_exponent", fit_exponent(*zip(*past)), "", info=info,
+                                 backend=backend, K=sz["ladder_K"], scales=[p[0] for p in past]))
+    return rows
+
+
+def bank_rows(size: str, *, info=None) -> list[dict]:
+    """Relative error of the Laguerre and rational banks against the exact density, per state count."""
+    import jax
+
+    from msrm.gp.model import params_to_theta
+    from msrm.gp.state_space import loglik, prepare
+
+    sz = SIZES[size]
+    data, truth = _case(sz, K=sz["K"])
+    theta = params_to_theta(truth.params)
+    f = jax.jit(lambda th, p: loglik(th, p)[0])
+    exact = float(f(theta, prepare(data, truth.spec)))
+    rows = []
+    for kind in ("laguerre", "rational"):
+        for n in sz["bank_states"]:
+            prepared = prepare(data, truth.spec, response_embedding=kind, n_states=n)
+            v = float(f(theta, prepared))
+            rows.append(make_row(NOTEBOOK, "banks", "relative_error", abs(v - exact) / abs(exact), "", info=info,
+                                 embedding=kind, n_states_per_factor=n, K=sz["K"], n_features=sz["n_features"],
+                                 profile=sz["profile"], state_dim=prepared.runs[0].tables.n_states))
+    return rows
+
+
+def parallel_rows(size: str, *, info=None) -> list[dict]:
+    """value+grad of the associative scan against the sequential scan (same process), and their agreement."""
+    sz = SIZES[size]
+    p = sz["parallel"]
+    data, truth = _case(sz, K=p["K"], duration_scale=p["duration_scale"])
+    base = dict(K=p["K"], duration_scale=p["duration_scale"], n_features=sz["n_features"], profile=sz["profile"])
+    rows, med, values = [], {}, {}
+    for parallel in (False, True):
+        model = _model(data, truth.spec, "state_space", parallel=parallel)
+        u = model.unconstrain(truth.params)
+        first, med[parallel], samples, pm = _timed(model, u, sz["repeats"])
+        values[parallel] = model.value_and_grad(u)[0]
+        extra = dict(base, parallel=parallel, **_ss_params(model))
+        rows.append(make_row(NOTEBOOK, "parallel", "median_s", med[parallel], "s", info=info, samples=samples,
+                             **extra))
+        if pm.delta_bytes is not None:
+            rows.append(make_row(NOTEBOOK, "parallel", "peak_rss_delta_bytes", pm.delta_bytes, "bytes", info=info,
+                                 method=pm.method, **extra))
+        del model
+    rows.append(make_row(NOTEBOOK, "parallel", "parallel_over_sequential", med[True] / med[False], "x", info=info,
+                         **base))
+    rows.append(make_row(NOTEBOOK, "parallel", "relative_difference", abs(values[True] - values[False]) /
+                         abs(values[False]), "", info=info, **base))
+    return rows
+
+
+def all_rows(size: str, *, info=None, progress=None) -> list[dict]:
+    """Every state-space measurement of a profile, in the order the chapter shows them."""
+    rows = []
+    for fn in (memory_rows, speed_rows, bank_rows, parallel_rows):
+        rows += fn(size, info=info)
+        if progress is not None:
+            progress(fn.__name__)
+    rows += ladder_rows(size, info=info)
+    return rows
