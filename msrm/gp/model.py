@@ -81,7 +81,8 @@ class GPMSRM:
         response_embedding, parallel, checkpoint_every, n_states: state-space options, passed through.
         devices: where runs are evaluated (dense/grouped): ``None`` (every local device when there are several,
             else the one), ``"all"``, a ``jax.Device`` or a list of devices or device indices. More than one
-            device shards the runs over them (:mod:`msrm.gp.multirun`); ``state_space`` takes one device.
+            device shards the runs over them (:mod:`msrm.gp.multirun`; the factorization is then native JAX, and
+            ``method="callback"`` is refused); ``state_space`` takes one device.
         batch_runs: stack runs by shape signature and vmap them (default); False keeps the per-run loop (the
             reference; one device only).
         pad_tolerance: runs of one structure share a stack when padding grows their node count and grid by at
@@ -137,6 +138,10 @@ class GPMSRM:
                 f"one device")
         if linear_algebra == "state_space" or not batch_runs:
             self.devices = self.devices[:1]
+        if linear_algebra != "state_space":
+            from .multirun import mesh_method
+
+            mesh_method(method, len(self.devices))  # refuses method='callback' on several devices
         # one device named by the caller: commit the data there; otherwise JAX's default (uncommitted) placement
         place = self.devices[0] if devices is not None and len(self.devices) == 1 else None
         if linear_algebra == "state_space":
@@ -199,11 +204,12 @@ class GPMSRM:
     @property
     def run_stacks(self) -> list[dict]:
         """How runs are evaluated (dense/grouped, ``batch_runs=True``): one dict per stack with the run indices,
-        the padded node count and grid length, and how many device slots it fills (runs plus dummy copies)."""
+        the padded node count and grid length, how many device slots it fills (runs plus dummy copies) and the
+        factorization method it was traced with."""
         out = []
         for b in getattr(self.prepared, "buckets", ()):
             out.append({"runs": list(b.run_index), "n_nodes": b.signature.n_nodes, "n_grid": b.signature.n_grid,
-                        "slots": b.n_stacked})
+                        "slots": b.n_stacked, "method": b.signature.method})
         return out
 
     @property

@@ -35,13 +35,19 @@ So padded and unpadded runs give the same value and gradient up to rounding (tes
 and the per-run values are summed across devices by XLA. A stack whose run count is not a multiple of the device
 count is padded with copies of its last run that are evaluated and then dropped (they never enter the sum or the
 gradient); a single run is therefore computed on every device (replication): more runs than devices is where
-sharding pays. ``shard_map`` runs with ``check_vma=False`` because the LAPACK ``pure_callback`` of
-:func:`msrm.gp.linalg.quad_logdet` returns values without the per-device type annotation; on the CPU platform the
-callback runs once per device shard (checked against the single-device sum in the tests), elsewhere the native
-factorization is used (``method="auto"``).
+sharding pays. On a mesh the factorization is always the native JAX one: with two host devices the LAPACK
+``pure_callback`` of :func:`msrm.gp.linalg.quad_logdet` deadlocked in testing (both device threads waiting inside
+the callback while their arguments were being transferred), so ``method="auto"`` resolves to ``"native"`` there
+and ``method="callback"`` with several devices is refused. ``shard_map`` runs with ``check_vma=False`` (values
+coming out of custom-derivative rules carry no per-device type annotation).
+
+Host devices forced with ``XLA_FLAGS=--xla_force_host_platform_device_count=n`` (how the tests get two devices on a
+CPU) also deadlocked, on the 2-core test machine, with the native path unless XLA:CPU's concurrency-optimized
+scheduler is switched off (``--xla_cpu_enable_concurrency_optimized_scheduler=false``); the tests set both flags.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
@@ -70,6 +76,7 @@ __all__ = [
     "bucket_runs",
     "padded_node_counts",
     "stack_runs",
+    "mesh_method",
     "prepare_multirun",
     "node_information_arrays",
     "response_matrix_arrays",
@@ -397,9 +404,10 @@ def stack_runs(prepared: Prepared, *, devices=None, pad_tolerance: float = 0.1) 
     devs = resolve_devices(devices)
     mesh = Mesh(np.array(devs), (AXIS,)) if len(devs) > 1 else None
     runs = prepared.runs
+    method = mesh_method(runs[0].layout.method if runs else "auto", len(devs))
     buckets = []
     for members in bucket_runs(runs, pad_tolerance):
-        sig = _signature([runs[i] for i in members])
+        sig = dataclasses.replace(_signature([runs[i] for i in members]), method=method)
         per_run = [_run_arrays(runs[i], sig) for i in members]
         if mesh is not None:
             per_run += [per_run[-1]] * (-len(per_run) % len(devs))  # dummy copies, dropped after evaluation
@@ -413,6 +421,20 @@ def stack_runs(prepared: Prepared, *, devices=None, pad_tolerance: float = 0.1) 
             dist = jax.device_put(dist, NamedSharding(mesh, P()))
         buckets.append(Bucket(sig, tuple(members), dist, arrays))
     return MultiRunPrepared(tuple(buckets), len(runs), mesh, tuple(int(r.layout.n_nodes) for r in runs))
+
+
+def mesh_method(method: str, n_devices: int) -> str:
+    """The factorization method runs use on ``n_devices`` devices: ``"auto"`` becomes ``"native"`` on several.
+
+    Raises:
+        ValueError: ``method="callback"`` with several devices (see the module docstring).
+    """
+    if n_devices <= 1:
+        return method
+    if method == "callback":
+        raise ValueError(f"method='callback' cannot run with runs sharded over {n_devices} devices (the LAPACK "
+                         f"callback deadlocks across device threads); use method='auto' or 'native', or one device")
+    return "native"
 
 
 def prepare_multirun(data, spec, *, grouped: bool = True, method: str = "auto", devices=None,
