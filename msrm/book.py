@@ -158,6 +158,9 @@ def device_table(
         if want is not None:
             sub = sub[sub[col].isin([want] if isinstance(want, str) else list(want))]
     index = list(index)
+    if sub.empty:  # nothing measured yet for this notebook: no params columns to index by either
+        columns = sorted(set(devices or ())) or [NOT_MEASURED]
+        return pd.DataFrame(NOT_MEASURED, index=pd.Index([NOT_MEASURED], name="experiment"), columns=columns)
     missing = [c for c in index if c not in df.columns]
     if missing:
         raise KeyError(f"device_table({notebook!r}): index columns {missing} are not in the results "
