@@ -162,7 +162,7 @@ def device_table(
         columns = sorted(set(devices or ())) or [NOT_MEASURED]
         return pd.DataFrame(NOT_MEASURED, index=pd.Index([NOT_MEASURED], name="experiment"), columns=columns)
     missing = [c for c in index if c not in df.columns]
-    if missing and (sub["status"] == "measured").all():
+    if missing and (sub["status"] == "measured").any():
         raise KeyError(f"device_table({notebook!r}): index columns {missing} are not in the results "
                        f"(columns: {sorted(map(str, df.columns))})")
     # a parameter that only unmeasured rows lack (e.g. a not-yet-measured placeholder) labels as blank
