@@ -34,7 +34,9 @@ SIZES: dict[str, dict[str, Any]] = {
                   time_budget_s=60.0),
     "note": dict(profile="one-eighth", n_features=3600, K=3, ladder_K=5, scales=[1, 2, 4, 8],
                  grouped_scales=[1, 2, 4, 8], bank_states=[2, 4, 8, 16, 24, 32, 48],
-                 parallel=dict(duration_scale=0.5, K=3), repeats=3, time_budget_s=300.0),
+                 # the associative scan stalled inside XLA's CPU runtime here (threads in futex waits, no CPU),
+                 # so the note profile on a CPU leaves it out; it is for accelerators and tested in the slow tests
+                 parallel=None, repeats=3, time_budget_s=300.0),
 }
 
 
@@ -219,7 +221,8 @@ def parallel_rows(size: str, *, info=None) -> list[dict]:
     p = sz["parallel"]
     if p is None:
         return [make_row(NOTEBOOK, "parallel", "parallel_over_sequential", None, "x", status="not_yet_measured",
-                         info=info, profile=sz["profile"], reason=f"the {size} profile does not run the parallel scan")]
+                         info=info, profile=sz["profile"], reason=f"the {size} profile does not run the parallel scan (it stalled inside XLA's CPU "
+                                "runtime on this machine; see the slow tests)")]
     data, truth = _case(sz, K=p["K"], duration_scale=p["duration_scale"])
     base = dict(K=p["K"], duration_scale=p["duration_scale"], n_features=sz["n_features"], profile=sz["profile"])
     rows, med, values = [], {}, {}
