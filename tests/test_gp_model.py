@@ -51,17 +51,25 @@ def test_check_grads_on_log_density(small):
 
 
 def test_compiled_once_per_model():
+    # Each jitted function traces at most once per model; an earlier test may already have compiled a model of
+    # the same shape signature, in which case JAX reuses that compilation and nothing is traced at all.
     data, truth = data_synth.synthetic_dataset("tiny", n_features=3, seed=6)
     model = GPMSRM(data, truth.spec, "grouped")
     start = L.TRACE_COUNT[0]
     u = model.unconstrain(truth.params)
     for shift in (0.0, 0.01, -0.02):
         model.value_and_grad(u + shift)
-    assert L.TRACE_COUNT[0] - start == 1
+    after_grad = L.TRACE_COUNT[0]
+    assert after_grad - start <= 1
     for seed in (0, 1):
         model.log_likelihood(model.constrain(model.prior_draw(seed)))
-    assert L.TRACE_COUNT[0] - start == 2
-    assert model.guard_events() == {0: 5}
+    assert L.TRACE_COUNT[0] - after_grad <= 1
+    # new parameter values never trace again
+    before = L.TRACE_COUNT[0]
+    model.value_and_grad(u - 0.05)
+    model.log_likelihood(model.constrain(model.prior_draw(2)))
+    assert L.TRACE_COUNT[0] == before
+    assert model.guard_events() == {0: 7}
 
 
 def test_log_density_is_likelihood_plus_prior_plus_jacobian(small):
