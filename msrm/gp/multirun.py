@@ -42,8 +42,10 @@ and ``method="callback"`` with several devices is refused. ``shard_map`` runs wi
 coming out of custom-derivative rules carry no per-device type annotation).
 
 Host devices forced with ``XLA_FLAGS=--xla_force_host_platform_device_count=n`` (how the tests get two devices on a
-CPU) also deadlocked, on the 2-core test machine, with the native path unless XLA:CPU's concurrency-optimized
-scheduler is switched off (``--xla_cpu_enable_concurrency_optimized_scheduler=false``); the tests set both flags.
+CPU) hang on the 2-core development machine with the native path too: always with XLA:CPU's default
+concurrency-optimized scheduler, and often (XLA's cross-device all-gather rendezvous never completes) with
+``--xla_cpu_enable_concurrency_optimized_scheduler=false``, which the test sets. Sharding is meant for real
+accelerators; on a CPU host, one process with one device is the supported setting.
 """
 from __future__ import annotations
 
