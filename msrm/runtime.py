@@ -11,6 +11,7 @@ NumPy-only process (R-MSRM) reports ``backend="numpy"``.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime as _dt
 import functools
 import os
@@ -30,6 +31,10 @@ __all__ = [
     "blas_info",
     "check_oversubscription",
     "OversubscriptionWarning",
+    "HOST_MEMORY_MODES",
+    "set_host_memory",
+    "host_memory",
+    "release_host_memory",
 ]
 
 
@@ -37,7 +42,72 @@ class OversubscriptionWarning(RuntimeWarning):
     """BLAS threads exceed the physical cores, or a CPU callback runs on an oversubscribed pool."""
 
 
-_STATE: dict[str, Any] = {"blas_threads": None, "platform": None, "preallocate": None}
+_STATE: dict[str, Any] = {"blas_threads": None, "platform": None, "preallocate": None, "host_memory": None}
+
+HOST_MEMORY_MODES = ("reuse", "system")
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_M_MMAP_MAX = -4
+_INT_MAX = 2**31 - 1
+
+
+@functools.lru_cache(maxsize=1)
+def _glibc():
+    """The C library when it is glibc (``mallopt``/``malloc_trim`` available), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.gnu_get_libc_version  # noqa: B018  (present only in glibc)
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def set_host_memory(mode: str) -> bool:
+    """Choose how the C allocator serves large host buffers (XLA:CPU arrays, LAPACK callback copies).
+
+    ``"reuse"``: large blocks come from the heap and freed ones are kept for the next call
+    (``mallopt(M_MMAP_MAX, 0)``, trim threshold at its maximum). A jitted likelihood allocates the same
+    (NK)^2 buffers on every call; glibc's own policy maps every block above 32 MiB freshly and returns it on
+    free, so each call page-faults those buffers in again (on this project's 2-core machine that was about a
+    third of a one-eighth GP value+gradient). The cost: memory freed by a call stays in the process until
+    :func:`release_host_memory` (the benchmarks' peak-memory probe calls it first).
+
+    ``"system"``: glibc's steady-state policy restored explicitly (blocks above 32 MiB mapped per allocation,
+    trim above 128 KiB).
+
+    Returns False (and changes nothing) where the C library is not glibc.
+    """
+    if mode not in HOST_MEMORY_MODES:
+        raise ValueError(f"host_memory must be one of {HOST_MEMORY_MODES}, got {mode!r}")
+    libc = _glibc()
+    if libc is None:
+        _STATE["host_memory"] = "unavailable"
+        return False
+    if mode == "reuse":
+        ok = libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX)
+    else:
+        ok = (libc.mallopt(_M_MMAP_MAX, 65536) and libc.mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+              and libc.mallopt(_M_TRIM_THRESHOLD, 128 * 1024))
+    _STATE["host_memory"] = mode if ok else "unavailable"
+    return bool(ok)
+
+
+def host_memory() -> str | None:
+    """The host allocator mode set through :func:`configure`/:func:`set_host_memory` (None: never set)."""
+    return _STATE["host_memory"]
+
+
+def release_host_memory() -> None:
+    """Return free heap memory to the operating system (``malloc_trim(0)``); a no-op outside glibc."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def enable_x64() -> None:
@@ -48,7 +118,8 @@ def enable_x64() -> None:
     jax.config.update("jax_default_matmul_precision", "highest")
 
 
-def configure(platform: str | None = None, blas_threads: int | None = None, preallocate: bool = False) -> None:
+def configure(platform: str | None = None, blas_threads: int | None = None, preallocate: bool = False,
+              host_memory: str = "reuse") -> None:
     """Configure the process explicitly.
 
     Args:
@@ -60,10 +131,15 @@ def configure(platform: str | None = None, blas_threads: int | None = None, prea
             callbacks the physical core count. A value above the physical cores warns.
         preallocate: GPU memory preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE``); off by default so peak
             memory can be measured and shared cards are not grabbed whole.
+        host_memory: ``"reuse"`` (default) keeps large host buffers in the heap between calls, ``"system"``
+            restores glibc's policy; see :func:`set_host_memory`.
     """
     if blas_threads is not None:
         if not isinstance(blas_threads, int) or blas_threads < 1:
             raise ValueError(f"blas_threads must be a positive integer, got {blas_threads!r}")
+    if host_memory not in HOST_MEMORY_MODES:
+        raise ValueError(f"host_memory must be one of {HOST_MEMORY_MODES}, got {host_memory!r}")
+    set_host_memory(host_memory)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if preallocate else "false"
     _STATE["preallocate"] = bool(preallocate)
     _STATE["blas_threads"] = blas_threads
@@ -219,6 +295,7 @@ def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
         "blas_threads": blas_threads(),
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         "xla_preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
+        "host_memory": _STATE["host_memory"],
         "hostname": _platform.node(),
         # background load when the evidence was recorded: timings taken under load are upper bounds
         "load_average_1m": _loadavg(),

@@ -4,7 +4,9 @@
   (``jax.block_until_ready``) before each timer stops; returns the median and every sample.
 - :class:`PeakMemory`: peak resident memory of this process during a block (Linux: the kernel's high-water mark
   ``VmHWM`` after resetting it through ``/proc/self/clear_refs``; elsewhere a sampling thread), plus the JAX
-  device allocator's peak where the device reports one (GPU).
+  device allocator's peak where the device reports one (GPU). Free heap memory the process keeps for reuse is
+  returned to the system first (:func:`msrm.runtime.release_host_memory`), so the peak counts what the block
+  itself touches.
 """
 from __future__ import annotations
 
@@ -91,6 +93,10 @@ class PeakMemory:
         self.method = None
 
     def __enter__(self) -> "PeakMemory":
+        # free heap memory kept for reuse (msrm.runtime host_memory="reuse") would hide what the block needs
+        from ..runtime import release_host_memory
+
+        release_host_memory()
         self.baseline_rss_bytes = current_rss_bytes()
         self._device_before = _device_peak()
         try:

@@ -138,6 +138,15 @@ def check_memory(
     cap, source = memory_limit(limit, device)
     if cap is None or nbytes <= cap:
         return nbytes
+    if device is None and limit is None:
+        # host memory kept by the allocator's reuse mode (msrm.runtime.set_host_memory) is free to this
+        # process but not counted as available by the system: hand it back and look again before refusing
+        from .. import runtime
+
+        runtime.release_host_memory()
+        cap, source = memory_limit(limit, device)
+        if cap is None or nbytes <= cap:
+            return nbytes
     dim_txt = f" (dimension {dim}: {dim} x {dim} float64 matrices)" if dim is not None else ""
     raise MemoryGuardError(
         f"{what}{dim_txt} needs about {nbytes / _GB:.2f} GB at its peak, but only {cap / _GB:.2f} GB is "
