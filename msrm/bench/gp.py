@@ -16,6 +16,9 @@ parts               the stages of one evaluation at the smallest K: sufficient s
 feature_sweep       value_and_grad against the brain feature count; ``added_fraction`` relative to the smallest
                     count (target <= 0.10 from 360 to 3600 features).
 threads             value_and_grad with the LAPACK callback at 1..physical-core BLAS threads (CPU only).
+host_memory         value_and_grad and the floor with the host allocator in glibc's own mode (``system``: every
+                    block over 32 MiB freshly mapped and page-faulted) and in msrm's ``reuse`` mode, side by side;
+                    the process's configured mode is restored afterwards.
 fingerprint         the log density to 17 significant digits and named gradient entries at a seeded parameter
                     vector (the synthetic truth of seed 0): CPU/GPU agreement rows.
 ==================  ==================================================================================
@@ -36,7 +39,7 @@ from .measure import PeakMemory, warm_median
 from .rows import make_row, write_rows
 
 __all__ = ["NOTEBOOK", "PROFILES", "build_case", "floor_seconds", "value_and_grad_rows", "parts_rows",
-           "feature_sweep_rows", "threads_rows", "fingerprint_rows", "run"]
+           "feature_sweep_rows", "threads_rows", "host_memory_rows", "fingerprint_rows", "run"]
 
 NOTEBOOK = "gp_grouped"
 
@@ -225,6 +228,34 @@ def threads_rows(cfg, profile, info, repeats) -> list[dict]:
     return rows
 
 
+def host_memory_rows(cfg, profile, info, repeats) -> list[dict]:
+    from .. import runtime
+
+    before = runtime.host_memory()
+    if not runtime.set_host_memory("system"):
+        return [make_row(NOTEBOOK, "host_memory", "median_s", None, "s", status="not_yet_measured", info=info,
+                         reason="the C library is not glibc (mallopt unavailable)", profile=profile)]
+    K = cfg["factors"][0]
+    model, u, _ = build_case(cfg, K)
+    sz = dict(K=K, n_features=cfg["n_features"], profile=profile, **_sizes(model))
+    rows, med = [], {}
+    try:
+        for mode in ("system", "reuse"):
+            runtime.set_host_memory(mode)
+            runtime.release_host_memory()
+            med[mode], times = warm_median(lambda: model.value_and_grad(u), repeats=repeats)
+            floor, ftimes, method = floor_seconds(sz["NK"], repeats)
+            rows += [make_row(NOTEBOOK, "host_memory", "median_s", med[mode], "s", info=info, samples=times,
+                              host_memory=mode, **sz),
+                     make_row(NOTEBOOK, "host_memory", "ratio_to_floor", med[mode] / floor, "x", info=info,
+                              host_memory=mode, floor=method, floor_median_s=floor, **sz)]
+    finally:
+        runtime.set_host_memory(before if before in runtime.HOST_MEMORY_MODES else "system")
+    rows.append(make_row(NOTEBOOK, "host_memory", "speedup", med["system"] / med["reuse"], "x", info=info,
+                         host_memory="system/reuse", **sz))
+    return rows
+
+
 def fingerprint_rows(cfg, profile, info) -> list[dict]:
     rows = []
     for K in cfg["factors"]:
@@ -247,7 +278,7 @@ def run(profile: str = "quick", out_dir: str | Path | None = None, *, repeats: i
     """All rows of the ``gp_grouped`` notebook for one profile (written to ``out_dir/rows.jsonl`` if given)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
-    known = ("value_and_grad", "parts", "feature_sweep", "threads", "fingerprint")
+    known = ("value_and_grad", "parts", "feature_sweep", "threads", "host_memory", "fingerprint")
     experiments = known if experiments is None else tuple(experiments)
     unknown = sorted(set(experiments) - set(known))
     if unknown:
@@ -277,6 +308,8 @@ def _run(cfg, profile, info, reps, experiments) -> list[dict]:
         rows += threads_rows(cfg, profile, info, reps) if cfg["threads"] else [
             make_row(NOTEBOOK, "threads", "median_s", None, "s", status="not_yet_measured", info=info,
                      reason=f"not part of the {profile} profile", profile=profile)]
+    if "host_memory" in experiments:
+        rows += host_memory_rows(cfg, profile, info, reps)
     if "fingerprint" in experiments:
         rows += fingerprint_rows(cfg, profile, info)
     return rows

@@ -100,10 +100,32 @@ def node_covariance(theta, layout):
     return covariance_from_response(A, kernel_matrices(layout.dist, theta["lengthscales"], layout.kernel))
 
 
+@jax.custom_vjp
 def covariance_from_response(A, Kk):
-    """``C_k = A K_k A^T``: (K, N, N) from response rows ``A`` (N, J) and prior correlations ``Kk`` (K, J, J)."""
+    """``C_k = A K_k A^T``: (K, N, N) from response rows ``A`` (N, J) and prior correlations ``Kk`` (K, J, J).
+
+    ``Kk`` must be symmetric (kernel matrices are). The reverse rule is that of ``A sym(K_k) A^T`` and uses the
+    symmetry to need three products per factor instead of four: with ``S_k = (Cbar_k + Cbar_k^T)/2`` and
+    ``U_k = S_k A``, ``Kbar_k = A^T U_k`` and ``Abar = 2 sum_k U_k K_k``.
+    """
     T = jnp.einsum("uj,kji->kui", A, Kk)
     return jnp.einsum("kui,vi->kuv", T, A)
+
+
+def _cov_fwd(A, Kk):
+    return covariance_from_response(A, Kk), (A, Kk)
+
+
+def _cov_bwd(res, Cbar):
+    A, Kk = res
+    S = 0.5 * (Cbar + jnp.swapaxes(Cbar, -1, -2))
+    U = jnp.einsum("kuv,vj->kuj", S, A)  # (K, N, J)
+    Kbar = jnp.einsum("uj,kui->kji", A, U)
+    Abar = 2.0 * jnp.einsum("kui,kij->uj", U, Kk)
+    return Abar, Kbar
+
+
+covariance_from_response.defvjp(_cov_fwd, _cov_bwd)
 
 
 def node_information(theta, run: RunPrepared):
@@ -150,18 +172,47 @@ def node_information(theta, run: RunPrepared):
     return Lam, eta, R, const
 
 
+@jax.custom_vjp
 def node_woodbury_matrix(R, C):
-    """``(R C R^T)[(u,a),(v,b)] = sum_k R_u[a,k] C_k[u,v] R_v[b,k]`` as (N, K, N, K).
+    r"""``(R C R^T)[(u,a),(v,b)] = sum_k R_u[a,k] C_k[u,v] R_v[b,k]`` as (N, K, N, K), for symmetric ``C_k``.
 
-    Written as K fused elementwise outer products ``(r_k r_k^T) * (C_k ⊗ 1)`` rather than an einsum: XLA
-    lowers the einsum to N batched K x K products with transposes of (NK)^2 arrays, which measured several
-    times slower on the CPU.
+    Forward: K fused elementwise outer products ``(r_k r_k^T) * (C_k ⊗ 1)`` (an einsum lowers to N batched
+    K x K products with transposes of (NK)^2 arrays on XLA:CPU, several times slower).
+
+    Reverse rule (hand-written: autodiff of the broadcasts reduces the (NK)^2 cotangent over strided axes once
+    per factor and operand). It requires a **symmetric** cotangent ``G`` - the only one it receives: ``M``
+    feeds :func:`msrm.gp.linalg.quad_logdet`, whose cotangent is symmetric by construction - which halves the
+    work (the row and column contractions coincide). With ``Y_k[u,a,v] = sum_b G[u,a,v,b] R_v[b,k]`` (one
+    pass over ``G`` per factor):
+
+    .. math::
+
+        \bar C_k[u,v] = \sum_a R_u[a,k] Y_k[u,a,v], \qquad \bar R_u[a,k] = 2 \sum_v C_k[u,v] Y_k[u,a,v].
+
+    ``C_k`` symmetric is required for the second formula (the model's ``A K_k A^T`` is, to rounding).
     """
     out = 0.0
     for k in range(R.shape[-1]):
         r = R[:, :, k]
         out = out + r[:, :, None, None] * C[k][:, None, :, None] * r[None, None, :, :]
     return out
+
+
+def _woodbury_fwd(R, C):
+    return node_woodbury_matrix(R, C), (R, C)
+
+
+def _woodbury_bwd(res, G):
+    R, C = res
+    Rbar, Cbar = [], []
+    for k in range(R.shape[-1]):
+        Y = jnp.sum(G * R[None, None, :, :, k], axis=-1)  # (N, K, N)
+        Cbar.append(jnp.sum(R[:, :, k][:, :, None] * Y, axis=1))
+        Rbar.append(2.0 * jnp.sum(C[k][:, None, :] * Y, axis=-1))
+    return jnp.stack(Rbar, axis=-1), jnp.stack(Cbar)
+
+
+node_woodbury_matrix.defvjp(_woodbury_fwd, _woodbury_bwd)
 
 
 def run_loglik(theta, run: RunPrepared):

@@ -267,7 +267,7 @@ def _host_forward(M, V):
     return _host_batched(M, V, want_residuals=True)
 
 
-def _fill_lower_from_upper(G: np.ndarray, block: int = 256) -> np.ndarray:
+def _fill_lower_from_upper(G: np.ndarray, block: int = 128) -> np.ndarray:
     """Copy the upper triangle of square ``G`` into its lower triangle in place (temporaries of block x n)."""
     n = G.shape[0]
     for r0 in range(0, n, block):
