@@ -39,6 +39,7 @@ Backend interface: ``loglik(theta, prepared) -> (value, events)`` with ``theta``
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,8 @@ __all__ = [
     "node_covariance",
     "covariance_from_response",
     "woodbury_loglik",
+    "StreamTerms",
+    "accumulate_node_statistics",
     "node_information",
     "node_woodbury_matrix",
     "run_loglik",
@@ -128,6 +131,64 @@ def _cov_bwd(res, Cbar):
 covariance_from_response.defvjp(_cov_fwd, _cov_bwd)
 
 
+class StreamTerms(NamedTuple):
+    """One stream's inputs to the node statistics, static or traced (both likelihood layouts build these).
+
+    Fields: ``key`` (stream key), ``has_missing`` (bool, static), ``n_features`` (F), ``Y0`` (n_s, F), ``mask``
+    (n_s, F) or None, ``S1``/``S2``/``n_f`` (F,), ``sample_nodes`` (n_s,) node of each sample (``N`` or beyond
+    is dropped), ``node_counts`` (N,) samples per node, ``low_rows``/``low_feats`` (e,) rows of the flattened
+    (N K, K) factor filled by low-count nodes and their features (rows past the end are dropped).
+    """
+
+    key: str
+    has_missing: bool
+    n_features: int
+    Y0: Any
+    mask: Any
+    S1: Any
+    S2: Any
+    n_f: Any
+    sample_nodes: Any
+    node_counts: Any
+    low_rows: Any
+    low_feats: Any
+
+
+def accumulate_node_statistics(theta, streams, n_nodes: int, n_factors: int, n_obs):
+    """The sums behind every grouped likelihood: ``Lambda``, ``eta``, the low-count rows of ``R`` and ``const``.
+
+    Args:
+        theta: constrained parameter pytree. streams: iterable of :class:`StreamTerms`.
+        n_nodes, n_factors: N and K. n_obs: observed value count (int or traced).
+    Returns:
+        Lambda (N, K, K), eta (N, K), R_rows (N K, K) filled at low-count nodes only, const ().
+    """
+    N, K = n_nodes, n_factors
+    Lam = jnp.zeros((N, K, K))
+    eta = jnp.zeros((N, K))
+    R_rows = jnp.zeros((N * K, K))
+    const = n_obs * _LOG_2PI
+    for st in streams:
+        W = theta["loadings"][st.key]
+        b = theta["intercepts"][st.key]
+        sd = theta["noise_sd"][st.key]
+        prec = 1.0 / (sd * sd)
+        WP = W * prec[:, None]  # (F, K)
+        if st.has_missing:
+            E = st.Y0 @ WP - st.mask @ (b[:, None] * WP)
+            outer = (W[:, :, None] * WP[:, None, :]).reshape(st.n_features, K * K)
+            Lam = Lam + jax.ops.segment_sum(st.mask @ outer, st.sample_nodes, num_segments=N).reshape(N, K, K)
+        else:
+            E = st.Y0 @ WP - (b @ WP)[None, :]
+            Lam = Lam + jnp.asarray(st.node_counts)[:, None, None] * (W.T @ WP)[None, :, :]
+        eta = eta + jax.ops.segment_sum(E, st.sample_nodes, num_segments=N)  # samples at node >= N dropped
+        const = const + jnp.sum((st.S2 - 2.0 * b * st.S1 + st.n_f * b * b) * prec) + jnp.sum(st.n_f * jnp.log(sd * sd))
+        if st.low_rows.size:
+            R_rows = R_rows.at[st.low_rows].set(W[st.low_feats] / sd[st.low_feats, None], unique_indices=True,
+                                                mode="drop")
+    return Lam, eta, R_rows, const
+
+
 def node_information(theta, run: RunPrepared):
     """Per-node sufficient statistics of one run.
 
@@ -143,28 +204,10 @@ def node_information(theta, run: RunPrepared):
     """
     layout = run.layout
     N, K = layout.n_nodes, layout.n_factors
-    Lam = jnp.zeros((N, K, K))
-    eta = jnp.zeros((N, K))
-    R_rows = jnp.zeros((N * K, K))
-    const = layout.n_obs * _LOG_2PI
-    for sl, st in zip(layout.streams, run.streams):
-        W = theta["loadings"][sl.key]
-        b = theta["intercepts"][sl.key]
-        sd = theta["noise_sd"][sl.key]
-        prec = 1.0 / (sd * sd)
-        WP = W * prec[:, None]  # (F, K)
-        if sl.has_missing:
-            E = st.Y0 @ WP - st.mask @ (b[:, None] * WP)
-            outer = (W[:, :, None] * WP[:, None, :]).reshape(sl.n_features, K * K)
-            Lam_s = jax.ops.segment_sum(st.mask @ outer, sl.sample_nodes, num_segments=N)
-            Lam = Lam + Lam_s.reshape(N, K, K)
-        else:
-            E = st.Y0 @ WP - (b @ WP)[None, :]
-            Lam = Lam + jnp.asarray(sl.node_counts)[:, None, None] * (W.T @ WP)[None, :, :]
-        eta = eta + jax.ops.segment_sum(E, sl.sample_nodes, num_segments=N)
-        const = const + jnp.sum((st.S2 - 2.0 * b * st.S1 + st.n_f * b * b) * prec) + jnp.sum(st.n_f * jnp.log(sd * sd))
-        if sl.low_rows.size:
-            R_rows = R_rows.at[sl.low_rows].set(W[sl.low_feats] / sd[sl.low_feats, None], unique_indices=True)
+    terms = (StreamTerms(sl.key, sl.has_missing, sl.n_features, st.Y0, st.mask, st.S1, st.S2, st.n_f,
+                         sl.sample_nodes, sl.node_counts, sl.low_rows, sl.low_feats)
+             for sl, st in zip(layout.streams, run.streams))
+    Lam, eta, R_rows, const = accumulate_node_statistics(theta, terms, N, K, layout.n_obs)
     R = R_rows.reshape(N, K, K)
     if layout.chol_nodes.size:
         L = jnp.linalg.cholesky(Lam[layout.chol_nodes])

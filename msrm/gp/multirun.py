@@ -60,7 +60,7 @@ import numpy as np
 from ..operators import WindowLayout, jax_window_weights
 from ..responses import Response
 from .kernels import grid_distances, kernel_matrices
-from .likelihood import _LOG_2PI, covariance_from_response, group_theta, woodbury_loglik
+from .likelihood import StreamTerms, accumulate_node_statistics, covariance_from_response, group_theta, woodbury_loglik
 from .prepare import Prepared, RunPrepared
 
 __all__ = [
@@ -459,28 +459,11 @@ def node_information_arrays(theta, sig: Signature, arrays: RunArrays):
         ``Lambda = 0``, ``eta = 0``, ``R = 0``.
     """
     N, K = sig.n_nodes, sig.n_factors
-    Lam = jnp.zeros((N, K, K))
-    eta = jnp.zeros((N, K))
-    R_rows = jnp.zeros((N * K, K))
-    const = arrays.n_obs * _LOG_2PI
-    for ss, st in zip(sig.streams, arrays.streams):
-        W = theta["loadings"][ss.key]
-        b = theta["intercepts"][ss.key]
-        sd = theta["noise_sd"][ss.key]
-        prec = 1.0 / (sd * sd)
-        WP = W * prec[:, None]
-        if ss.has_missing:
-            E = st.Y0 @ WP - st.mask @ (b[:, None] * WP)
-            outer = (W[:, :, None] * WP[:, None, :]).reshape(ss.n_features, K * K)
-            Lam = Lam + jax.ops.segment_sum(st.mask @ outer, st.sample_nodes, num_segments=N).reshape(N, K, K)
-        else:
-            E = st.Y0 @ WP - (b @ WP)[None, :]
-            Lam = Lam + st.node_counts[:, None, None] * (W.T @ WP)[None, :, :]
-        eta = eta + jax.ops.segment_sum(E, st.sample_nodes, num_segments=N)  # padding samples (node N) dropped
-        const = const + jnp.sum((st.S2 - 2.0 * b * st.S1 + st.n_f * b * b) * prec) + jnp.sum(st.n_f * jnp.log(sd * sd))
-        if ss.n_low:
-            R_rows = R_rows.at[st.low_rows].set(W[st.low_feats] / sd[st.low_feats, None], unique_indices=True,
-                                                mode="drop")
+    terms = (StreamTerms(ss.key, ss.has_missing, ss.n_features, st.Y0, st.mask, st.S1, st.S2, st.n_f,
+                         st.sample_nodes, st.node_counts, st.low_rows if ss.n_low else np.zeros(0, int),
+                         st.low_feats)
+             for ss, st in zip(sig.streams, arrays.streams))
+    Lam, eta, R_rows, const = accumulate_node_statistics(theta, terms, N, K, arrays.n_obs)
     R = R_rows.reshape(N, K, K)
     if sig.has_chol:
         m = arrays.chol_mask[:, None, None]
