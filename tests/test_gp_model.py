@@ -145,7 +145,7 @@ def test_starts_names_and_dims(small):
         assert len(d) == np.ndim(values)
         for dim, size in zip(d, np.shape(values)):
             assert "/" not in dim and len(coords[dim]) == size
-    per_run = model.pointwise_log_likelihood(u0)["run"]
+    per_run = model.pointwise_log_likelihood(u0, by="run")["run"]
     assert per_run.shape == (1,) and per_run[0] == pytest.approx(model.log_likelihood(p0), rel=1e-12)
     info = model.execution_info()
     assert info["linear_algebra"] == "grouped" and info["num_params"] == model.num_params

@@ -41,7 +41,7 @@ def _long(seed=1, missing=0.1, pooling="shared", scale=4.0):
 def _evaluate(model, params):
     u = model.unconstrain(params)
     v, g = model.value_and_grad(u)
-    return v, g, model.pointwise_log_likelihood(u)["run"], model.guard_events()
+    return v, g, model.pointwise_log_likelihood(u, by="run")["run"], model.guard_events()
 
 
 def _compare(data, spec, params, la="grouped", ref=None, **kwargs):
@@ -68,7 +68,7 @@ def test_runs_cut_from_one_recording_equal_the_loop_and_trace_once(n_pieces):
     assert len(batched.run_stacks) == 1 and batched.run_stacks[0]["runs"] == list(range(n_pieces))
     assert MR.RUN_TRACE_COUNT[0] - start == 2
     assert batched.log_likelihood(truth.params) == pytest.approx(sum(batched.pointwise_log_likelihood(
-        batched.unconstrain(truth.params))["run"]), rel=1e-13)
+        batched.unconstrain(truth.params), by="run")["run"]), rel=1e-13)
     # the pieces differ by a node or so: each group padded to its largest, within the default 10 %
     counts = batched.node_counts
     assert max(counts) <= batched.run_stacks[0]["n_nodes"] <= 1.1 * min(counts)
@@ -201,7 +201,7 @@ _SHARDED = textwrap.dedent(r"""
         start = MR.RUN_TRACE_COUNT[0]
         v, g = m.value_and_grad(u)
         traces = MR.RUN_TRACE_COUNT[0] - start
-        out[name] = dict(value=v, grad=g.tolist(), runs=m.pointwise_log_likelihood(u)["run"].tolist(),
+        out[name] = dict(value=v, grad=g.tolist(), runs=m.pointwise_log_likelihood(u, by="run")["run"].tolist(),
                          traces=traces, events=m.guard_events(), stacks=m.run_stacks, devices=len(m.devices))
     b = models["sharded"].prepared.buckets
     out["shardings"] = [sorted(str(d) for d in x.arrays.n_obs.sharding.device_set) for x in b]

@@ -145,13 +145,12 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
 
     # ---- one chain
     with PeakMemory() as mem:
-        one = sample(model, num_chains=1, **settings)
+        one = sample(model, num_chains=1, pointwise_loglik=True, **settings)
     for phase in PHASES:
-        if phase == "pointwise_loglik":
-            row("nuts", "phase_seconds", None, "s", status="not_yet_measured", phase=phase, chains=1,
-                reason="GPMSRM has no pointwise log-likelihood by (stream, node) yet", **nuts_params)
-            continue
         row("nuts", "phase_seconds", one.timings[phase], "s", phase=phase, chains=1, **nuts_params)
+    ll = getattr(one.inference_data, "log_likelihood", None)
+    n_points = sum(int(np.prod(ll[v].shape[2:])) for v in ll.data_vars) if ll is not None else 0
+    row("nuts", "pointwise_terms", n_points, "count", chains=1, by="(stream, node)", **nuts_params)
     steps = one.sample_stats["n_steps"]
     row("nuts", "num_leapfrog_sampling", one.num_leapfrog, "steps", chains=1, **nuts_params)
     if one.num_leapfrog_warmup is not None:

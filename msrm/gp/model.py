@@ -179,6 +179,7 @@ class GPMSRM:
         self._backend_loglik = backend.loglik
         self._priors_dev = jax.device_put(self.priors)
         self._events: collections.Counter = collections.Counter()
+        self._pointwise = None  # (per-run prepared, jitted function), built on first use
 
         blocks, loglik = self.blocks, self._backend_loglik
 
@@ -328,13 +329,42 @@ class GPMSRM:
         self._record(events)
         return float(value), np.asarray(grad)
 
-    def pointwise_log_likelihood(self, u) -> dict[str, np.ndarray]:
-        """Log likelihood of each run at ``u``: ``{"run": (n_runs,)}`` (runs are the independent units)."""
-        if self._runs_jit is None:
-            raise NotImplementedError(f"linear_algebra={self.linear_algebra!r} gives no per-run log likelihood")
-        values, events = self._runs_jit(self._check_u(u), self.prepared)
+    def pointwise_log_likelihood(self, u, by: str = "node") -> dict[str, np.ndarray]:
+        """Pointwise log likelihood at ``u``.
+
+        Args:
+            u: unconstrained vector.
+            by: ``"node"`` (default): per stream key, the conditional density of each of its samples (one stream
+                at one node) given every other observed value of its run, ``log p(y_si | y_rest)``
+                (:mod:`msrm.gp.pointwise`; the terms leave-one-out tools need for a model that does not
+                factorise); ``"run"``: ``{"run": (n_runs,)}`` the joint density of each run.
+        Returns:
+            dict of float64 arrays.
+        """
+        if by not in ("node", "run"):
+            raise ValueError(f"by must be 'node' or 'run', got {by!r}")
+        u = self._check_u(u)
+        if by == "run":
+            if self._runs_jit is None:
+                raise NotImplementedError(f"linear_algebra={self.linear_algebra!r} gives no per-run log likelihood")
+            values, events = self._runs_jit(u, self.prepared)
+            self._record(events)
+            return {"run": np.asarray(values)}
+        if self._pointwise is None:
+            import jax
+
+            from . import prepare as prep
+            from .pointwise import pointwise_logliks
+
+            self._check_memory(self._node_counts or [
+                int(r.layout.n_nodes) for r in prep.prepare(self.data, self.spec, grouped=True).runs])
+            prepared = prep.prepare(self.data, self.spec, grouped=self.linear_algebra != "dense", method="native")
+            blocks = self.blocks
+            self._pointwise = (prepared, jax.jit(lambda u, p: pointwise_logliks(tf.constrain(u, blocks)[0], p)))
+        prepared, fn = self._pointwise
+        values, events = fn(u, prepared)
         self._record(events)
-        return {"run": np.asarray(values)}
+        return {k: np.asarray(v) for k, v in values.items()}
 
     def guard_events(self) -> dict[int, int]:
         """Counts of factorization event codes seen so far (0 plain, k>0 jitter rung, -1 fallback, -2 non-finite)."""
