@@ -158,3 +158,73 @@ def test_normal_scores_with_ties_equal_scipy_rankdata():
     got = diag._z_sorted(s, diag._z_table(n))
     want = special.ndtri((stats.rankdata(s, method="average", axis=1) - 3 / 8) / (n - 3 / 4 + 1))
     np.testing.assert_array_equal(got, want)
+
+
+def _awkward_rows(rng, n):
+    """Rows that stress exact ordering: ties, signed zeros, values a few ulps apart, huge and tiny ranges."""
+    rows = [
+        rng.standard_normal(n),
+        np.round(rng.standard_normal(n), 1),  # many ties
+        np.full(n, 2.5),  # constant
+        np.where(rng.random(n) < 0.5, 0.0, -0.0),  # +0 and -0 are equal
+        1.0 + rng.integers(-6, 7, n) * np.finfo(float).eps,  # differences only in the last bits
+        rng.standard_normal(n) * 1e300,  # max - min overflows
+        rng.standard_normal(n) * 1e-310,  # subnormal range
+        np.exp(rng.standard_normal(n) * 5),  # heavy right tail: crowded buckets
+    ]
+    return np.array(rows)
+
+
+def test_two_pass_sort_is_exact():
+    rng = np.random.default_rng(21)
+    for n in (8, 1000, 4000):
+        x = _awkward_rows(rng, n)
+        order, s = diag._sort_rows(x)
+        np.testing.assert_array_equal(s, np.sort(x, axis=1))
+        np.testing.assert_array_equal(x.ravel()[order], s)  # order: flat indices
+        local = order - (np.arange(x.shape[0]) * n)[:, None]
+        np.testing.assert_array_equal(np.sort(local, axis=1), np.broadcast_to(np.arange(n), x.shape))
+
+
+@pytest.mark.parametrize("n", [8, 9, 1000, 4000])
+def test_folded_scores_equal_scipy_rankdata(n):
+    from scipy import special, stats
+
+    rng = np.random.default_rng(n)
+    x = _awkward_rows(rng, n)
+    # the two middle values a few ulps either side of 1: |x - median| of the middle pair differ in the low bits
+    x = np.vstack([x, 1.0 + np.concatenate([[-3, 5], rng.standard_normal(n - 2)]) * np.finfo(float).eps])
+    # plain rows: the folded middle pair often differs only in the bits the packed sort keys give up (a
+    # reversed pair the code swaps back), about one row in four
+    x = np.vstack([x, rng.standard_normal((40, n))])
+    order, s = diag._sort_rows(x)
+    got = diag._fold_scores(x, order, s, diag._z_table(n))
+    folded = np.abs(x - np.median(x, axis=1, keepdims=True))
+    want = special.ndtri((stats.rankdata(folded, method="average", axis=1) - 3 / 8) / (n - 3 / 4 + 1))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_many_blocks_and_threads_equal_arviz():
+    """Several blocks per thread (buffers re-used between blocks) with odd parameters scattered through them."""
+    rng = np.random.default_rng(17)
+    C, D, P = 4, 200, 150
+    phi = np.linspace(-0.5, 0.97, P)
+    x = _ar1(rng, C, D, P, phi)
+    x[:, :, 70] = -3.0  # constant, in the second block
+    x[:, :, 100] = np.round(x[:, :, 100])  # ties
+    x[:, :, 140] = np.where(x[:, :, 140] > 0.3, 1.0, 0.0)
+    x[2, 17, 130] = np.nan  # a non-finite parameter in the last block
+    ref = _arviz_columns(x)
+    for threads, block in ((2, 256), (1, 32), (3, 7)):
+        ours = diag.diagnose_draws(x, block_size=block, num_threads=threads)
+        _assert_same(ours, ref)
+        np.testing.assert_allclose(ours["sd"], x.reshape(C * D, P).std(axis=0, ddof=1), rtol=1e-12)
+
+
+def test_one_block_uses_threaded_fft_and_agrees():
+    rng = np.random.default_rng(23)
+    x = _ar1(rng, 4, 300, 20, 0.8)
+    one = diag.diagnose_draws(x, num_threads=1)
+    two = diag.diagnose_draws(x, num_threads=2)  # a single block: the spare thread goes to the FFTs
+    for name in diag.COLUMNS:
+        np.testing.assert_allclose(two[name], one[name], rtol=1e-12, err_msg=name)
