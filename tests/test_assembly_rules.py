@@ -81,3 +81,33 @@ def test_assembly_rules_match_finite_differences():
     from jax.test_util import check_grads
 
     check_grads(f, (R, A, 1.3), order=1, modes=("rev",), eps=1e-6, atol=1e-7, rtol=1e-7)
+
+
+def test_woodbury_matrix_is_bitwise_symmetric_for_symmetric_C():
+    """The likelihood factorises M without symmetrising it: M must be exactly symmetric (no rounding asymmetry)."""
+    R, A, Kk, _, _ = _case(seed=11, N=31, K=3, J=19)
+    N, K = R.shape[:2]
+    C = L.covariance_from_response(A, Kk)
+    C = 0.5 * (C + jnp.swapaxes(C, 1, 2))
+    M = np.asarray(jax.jit(lambda R, C: jnp.eye(N * K) + L.node_woodbury_matrix(R, C).reshape(N * K, N * K))(R, C))
+    assert np.array_equal(M, M.T)
+
+
+@pytest.mark.parametrize("method", ["native", "callback"])
+def test_symmetric_flag_equals_default_path(method):
+    from msrm.gp import linalg
+
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((40, 40))
+    M = jnp.asarray(X @ X.T + 40 * np.eye(40))
+    M = 0.5 * (M + M.T)
+    v = jnp.asarray(rng.standard_normal(40))
+
+    def f(sym):
+        return lambda M, v: sum(linalg.quad_logdet(M, v, method=method, symmetric=sym)[:2])
+
+    a = jax.value_and_grad(f(False), argnums=(0, 1))(M, v)
+    b = jax.value_and_grad(f(True), argnums=(0, 1))(M, v)
+    assert float(a[0]) == pytest.approx(float(b[0]), rel=1e-14)
+    for x, y in zip(a[1], b[1]):
+        assert _rel(y, x) < 1e-12

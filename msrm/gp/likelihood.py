@@ -237,7 +237,8 @@ def node_woodbury_matrix(R, C):
     out = 0.0
     for k in range(R.shape[-1]):
         r = R[:, :, k]
-        out = out + r[:, :, None, None] * C[k][:, None, :, None] * r[None, None, :, :]
+        # C * (r r^T): the product commutes exactly, so a bitwise-symmetric C gives a bitwise-symmetric result
+        out = out + C[k][:, None, :, None] * (r[:, :, None, None] * r[None, None, :, :])
     return out
 
 
@@ -280,11 +281,14 @@ def woodbury_loglik(eta, R, C, const, method: str):
         (value, event): float64 scalar, int32 scalar.
     """
     N, K = eta.shape
+    # exactly symmetric C_k (A K_k A^T is symmetric only to rounding): M is then bitwise symmetric and the
+    # factorization skips its own symmetrisation of the (NK)^2 matrix
+    C = 0.5 * (C + jnp.swapaxes(C, -1, -2))
     Ce = jnp.einsum("kuv,vk->uk", C, eta)  # (C eta) in (u, k) order
     eta_C_eta = jnp.sum(eta * Ce)
     v = jnp.einsum("uak,uk->ua", R, Ce).reshape(N * K)
     M = jnp.eye(N * K) + node_woodbury_matrix(R, C).reshape(N * K, N * K)
-    quad, logdet, event = linalg.quad_logdet(M, v, method=method)
+    quad, logdet, event = linalg.quad_logdet(M, v, method=method, symmetric=True)
     return -0.5 * (const - eta_C_eta + quad + logdet), event
 
 

@@ -175,15 +175,19 @@ def _symmetrised_fortran(M: np.ndarray) -> np.ndarray:
     return S
 
 
-def _host_factor(M: np.ndarray) -> tuple[np.ndarray | None, int]:
-    """Guarded factorization of ``(M + M^T)/2``. Returns (U in Fortran order or None, event)."""
+def _host_factor(M: np.ndarray, symmetric: bool = False) -> tuple[np.ndarray | None, int]:
+    """Guarded factorization of ``(M + M^T)/2`` (of ``M`` itself when the caller built it exactly symmetric).
+
+    Returns (U in Fortran order or None, event).
+    """
     from scipy.linalg import lapack
 
     if not np.all(np.isfinite(M)):
         return None, EVENT_NONFINITE
-    Ms = _symmetrised_fortran(M)
+    # exactly symmetric: M^T is M in Fortran order (a view); POTRF copies it once
+    Ms = M.T if symmetric else _symmetrised_fortran(M)
     diag = np.diag(Ms).copy()
-    U, info = lapack.dpotrf(Ms, lower=0, clean=1, overwrite_a=1)
+    U, info = lapack.dpotrf(Ms, lower=0, clean=1, overwrite_a=0 if symmetric else 1)
     if info == 0:
         return U, EVENT_PLAIN
     Ms = _symmetrised_fortran(M)  # dpotrf overwrote the failed attempt
@@ -216,9 +220,9 @@ def _host_solve(U: np.ndarray, V: np.ndarray) -> tuple[float, float, np.ndarray]
     return quad, logdet, A
 
 
-def _host_one(M: np.ndarray, V: np.ndarray, want_residuals: bool):
+def _host_one(M: np.ndarray, V: np.ndarray, want_residuals: bool, symmetric: bool = False):
     n, r = V.shape
-    U, event = _host_factor(M)
+    U, event = _host_factor(M, symmetric)
     if U is None:
         nan = np.float64(np.nan)
         L = np.full((n, n), np.nan)
@@ -232,7 +236,7 @@ def _host_one(M: np.ndarray, V: np.ndarray, want_residuals: bool):
     return np.float64(quad), np.float64(logdet), np.int32(event), L, np.ascontiguousarray(A)
 
 
-def _host_batched(M, V, want_residuals: bool):
+def _host_batched(M, V, want_residuals: bool, symmetric: bool = False):
     """Loop over leading batch dims (``vmap_method='broadcast_all'``)."""
     M = np.asarray(M, dtype=np.float64)
     V = np.asarray(V, dtype=np.float64)
@@ -240,7 +244,7 @@ def _host_batched(M, V, want_residuals: bool):
     n, r = V.shape[-2:]
     if not batch:  # no vmap: hand the factor back without an extra (n, n) copy
         with _blas_limit():
-            out = _host_one(M, V, want_residuals)
+            out = _host_one(M, V, want_residuals, symmetric)
         return out if want_residuals else out[:3]
     quad = np.empty(batch)
     logdet = np.empty(batch)
@@ -249,7 +253,7 @@ def _host_batched(M, V, want_residuals: bool):
     A = np.empty(batch + (n, r)) if want_residuals else None
     with _blas_limit():
         for idx in np.ndindex(*batch):
-            q, ld, ev, Li, Ai = _host_one(M[idx], V[idx], want_residuals)
+            q, ld, ev, Li, Ai = _host_one(M[idx], V[idx], want_residuals, symmetric)
             quad[idx], logdet[idx], event[idx] = q, ld, ev
             if want_residuals:
                 L[idx] = Li
@@ -259,12 +263,6 @@ def _host_batched(M, V, want_residuals: bool):
     return quad, logdet, event
 
 
-def _host_value(M, V):
-    return _host_batched(M, V, want_residuals=False)
-
-
-def _host_forward(M, V):
-    return _host_batched(M, V, want_residuals=True)
 
 
 def _fill_lower_from_upper(G: np.ndarray, block: int = 128) -> np.ndarray:
@@ -324,30 +322,36 @@ def _shapes(n: int, r: int, residuals: bool):
 # ---------------------------------------------------------------------------------------------------------
 
 
-@jax.custom_vjp
-def _quad_logdet_callback(M, V):
-    n, r = V.shape
-    return jax.pure_callback(_host_value, _shapes(n, r, False), M, V, vmap_method="broadcast_all")
+def _make_callback(symmetric: bool):
+    """The callback path as a ``jax.custom_vjp`` function of (M, V); ``symmetric`` skips the symmetrisation."""
+    value_host = functools.partial(_host_batched, want_residuals=False, symmetric=symmetric)
+    forward_host = functools.partial(_host_batched, want_residuals=True, symmetric=symmetric)
+
+    @jax.custom_vjp
+    def fn(M, V):
+        n, r = V.shape
+        return jax.pure_callback(value_host, _shapes(n, r, False), M, V, vmap_method="broadcast_all")
+
+    def fwd(M, V):
+        n, r = V.shape
+        quad, logdet, event, L, A = jax.pure_callback(
+            forward_host, _shapes(n, r, True), M, V, vmap_method="broadcast_all"
+        )
+        return (quad, logdet, event), (L, A)
+
+    def bwd(res, cts):
+        L, A = res
+        gq, gl, _ = cts
+        dM = jax.pure_callback(
+            _host_backward, jax.ShapeDtypeStruct(L.shape, L.dtype), L, A, gq, gl, vmap_method="broadcast_all"
+        )
+        return dM, 2.0 * gq * A
+
+    fn.defvjp(fwd, bwd)
+    return fn
 
 
-def _callback_fwd(M, V):
-    n, r = V.shape
-    quad, logdet, event, L, A = jax.pure_callback(
-        _host_forward, _shapes(n, r, True), M, V, vmap_method="broadcast_all"
-    )
-    return (quad, logdet, event), (L, A)
-
-
-def _callback_bwd(res, cts):
-    L, A = res
-    gq, gl, _ = cts
-    dM = jax.pure_callback(
-        _host_backward, jax.ShapeDtypeStruct(L.shape, L.dtype), L, A, gq, gl, vmap_method="broadcast_all"
-    )
-    return dM, 2.0 * gq * A
-
-
-_quad_logdet_callback.defvjp(_callback_fwd, _callback_bwd)
+_quad_logdet_callback = {False: _make_callback(False), True: _make_callback(True)}
 
 
 def potrf_potri_callback(M: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -430,8 +434,8 @@ def _native_factor(Ms):
     return L, event
 
 
-def _native_forward(M, V):
-    L, event = _native_factor(0.5 * (M + M.T))
+def _native_forward(M, V, symmetric: bool = False):
+    L, event = _native_factor(M if symmetric else 0.5 * (M + M.T))
     B = jax.scipy.linalg.solve_triangular(L, V, lower=True)
     A = jax.scipy.linalg.solve_triangular(L, B, lower=True, trans=1)
     quad = jnp.sum(V * A)
@@ -442,12 +446,12 @@ def _native_forward(M, V):
     return (quad, logdet, event), (L, A)
 
 
-@jax.custom_vjp
-def _quad_logdet_native(M, V):
-    return _native_forward(M, V)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _quad_logdet_native(M, V, symmetric=False):
+    return _native_forward(M, V, symmetric)[0]
 
 
-def _native_bwd(res, cts):
+def _native_bwd(symmetric, res, cts):
     L, A = res
     gq, gl, _ = cts
     n = L.shape[0]
@@ -459,7 +463,7 @@ def _native_bwd(res, cts):
     return dM, 2.0 * gq * A
 
 
-_quad_logdet_native.defvjp(_native_forward, _native_bwd)
+_quad_logdet_native.defvjp(lambda M, V, symmetric: _native_forward(M, V, symmetric), _native_bwd)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -475,7 +479,7 @@ def _resolve(method: str) -> str:
     return method
 
 
-def quad_logdet(M, V, *, method: str = "auto", guard_memory: bool = True):
+def quad_logdet(M, V, *, method: str = "auto", guard_memory: bool = True, symmetric: bool = False):
     """Guarded ``(tr(V^T M^-1 V), log|M|, event)`` for symmetric positive definite ``M``.
 
     Args:
@@ -484,6 +488,9 @@ def quad_logdet(M, V, *, method: str = "auto", guard_memory: bool = True):
         method: ``"auto"`` (callback on the CPU platform, native elsewhere), ``"callback"`` or ``"native"``.
         guard_memory: predict the peak bytes at trace time and refuse (``MemoryGuardError``) when they exceed
             free memory (or ``MSRM_MEMORY_LIMIT_BYTES``).
+        symmetric: the caller promises ``M`` is exactly (bitwise) symmetric, so ``(M + M^T)/2 == M`` and the
+            symmetrisation pass is skipped (one (n, n) write less). The value, event and gradient are those of
+            the default path for such an ``M``; for any other ``M`` the result is undefined.
     Returns:
         quad: () float64, ``sum(V * M^{-1} V)``.
         logdet: () float64, ``log|M|``.
@@ -513,5 +520,6 @@ def quad_logdet(M, V, *, method: str = "auto", guard_memory: bool = True):
             dim=n,
             device=device,
         )
-    fn = _quad_logdet_callback if method == "callback" else _quad_logdet_native
-    return fn(M, Vm)
+    if method == "callback":
+        return _quad_logdet_callback[bool(symmetric)](M, Vm)
+    return _quad_logdet_native(M, Vm, bool(symmetric))
