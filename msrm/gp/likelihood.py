@@ -56,7 +56,7 @@ __all__ = [
     "node_covariance",
     "covariance_from_response",
     "woodbury_loglik",
-    "StreamTerms",
+    "StreamArrays",
     "accumulate_node_statistics",
     "node_information",
     "node_woodbury_matrix",
@@ -131,18 +131,16 @@ def _cov_bwd(res, Cbar):
 covariance_from_response.defvjp(_cov_fwd, _cov_bwd)
 
 
-class StreamTerms(NamedTuple):
-    """One stream's inputs to the node statistics, static or traced (both likelihood layouts build these).
+class StreamArrays(NamedTuple):
+    """The arrays of one stream that the node statistics read (static NumPy or traced; one run).
 
-    Fields: ``key`` (stream key), ``has_missing`` (bool, static), ``n_features`` (F), ``Y0`` (n_s, F), ``mask``
-    (n_s, F) or None, ``S1``/``S2``/``n_f`` (F,), ``sample_nodes`` (n_s,) node of each sample (``N`` or beyond
-    is dropped), ``node_counts`` (N,) samples per node, ``low_rows``/``low_feats`` (e,) rows of the flattened
-    (N K, K) factor filled by low-count nodes and their features (rows past the end are dropped).
+    Fields: ``Y0`` (n_s, F) values with NaN -> 0; ``mask`` (n_s, F) or None; ``S1``, ``S2``, ``n_f`` (F,) data
+    sums; ``sample_nodes`` (n_s,) node of each sample (``N`` for padding: dropped); ``node_counts`` (N,) samples
+    per node; ``low_rows`` (e,) rows of the flattened (N K, K) factor filled by low-count values (past the end for
+    padding: dropped); ``low_feats`` (e,) their features. The stacked likelihood (:mod:`msrm.gp.multirun`) keeps
+    these per run with a leading run axis.
     """
 
-    key: str
-    has_missing: bool
-    n_features: int
     Y0: Any
     mask: Any
     S1: Any
@@ -158,7 +156,10 @@ def accumulate_node_statistics(theta, streams, n_nodes: int, n_factors: int, n_o
     """The sums behind every grouped likelihood: ``Lambda``, ``eta``, the low-count rows of ``R`` and ``const``.
 
     Args:
-        theta: constrained parameter pytree. streams: iterable of :class:`StreamTerms`.
+        theta: constrained parameter pytree.
+        streams: iterable of ``(static, arrays)``: ``static`` has ``key``, ``has_missing`` and ``n_features``
+            (a :class:`~msrm.gp.prepare.StreamLayout` or a stacked stream shape), ``arrays`` a
+            :class:`StreamArrays`.
         n_nodes, n_factors: N and K. n_obs: observed value count (int or traced).
     Returns:
         Lambda (N, K, K), eta (N, K), R_rows (N K, K) filled at low-count nodes only, const ().
@@ -168,15 +169,15 @@ def accumulate_node_statistics(theta, streams, n_nodes: int, n_factors: int, n_o
     eta = jnp.zeros((N, K))
     R_rows = jnp.zeros((N * K, K))
     const = n_obs * _LOG_2PI
-    for st in streams:
-        W = theta["loadings"][st.key]
-        b = theta["intercepts"][st.key]
-        sd = theta["noise_sd"][st.key]
+    for ss, st in streams:
+        W = theta["loadings"][ss.key]
+        b = theta["intercepts"][ss.key]
+        sd = theta["noise_sd"][ss.key]
         prec = 1.0 / (sd * sd)
         WP = W * prec[:, None]  # (F, K)
-        if st.has_missing:
+        if ss.has_missing:
             E = st.Y0 @ WP - st.mask @ (b[:, None] * WP)
-            outer = (W[:, :, None] * WP[:, None, :]).reshape(st.n_features, K * K)
+            outer = (W[:, :, None] * WP[:, None, :]).reshape(ss.n_features, K * K)
             Lam = Lam + jax.ops.segment_sum(st.mask @ outer, st.sample_nodes, num_segments=N).reshape(N, K, K)
         else:
             E = st.Y0 @ WP - (b @ WP)[None, :]
@@ -204,9 +205,8 @@ def node_information(theta, run: RunPrepared):
     """
     layout = run.layout
     N, K = layout.n_nodes, layout.n_factors
-    terms = (StreamTerms(sl.key, sl.has_missing, sl.n_features, st.Y0, st.mask, st.S1, st.S2, st.n_f,
-                         sl.sample_nodes, sl.node_counts, sl.low_rows, sl.low_feats)
-             for sl, st in zip(layout.streams, run.streams))
+    terms = ((sl, StreamArrays(st.Y0, st.mask, st.S1, st.S2, st.n_f, sl.sample_nodes, sl.node_counts, sl.low_rows,
+                               sl.low_feats)) for sl, st in zip(layout.streams, run.streams))
     Lam, eta, R_rows, const = accumulate_node_statistics(theta, terms, N, K, layout.n_obs)
     R = R_rows.reshape(N, K, K)
     if layout.chol_nodes.size:

@@ -60,7 +60,8 @@ import numpy as np
 from ..operators import WindowLayout, jax_window_weights
 from ..responses import Response
 from .kernels import grid_distances, kernel_matrices
-from .likelihood import StreamTerms, accumulate_node_statistics, covariance_from_response, group_theta, woodbury_loglik
+from .likelihood import (StreamArrays, accumulate_node_statistics, covariance_from_response, group_theta,
+                         woodbury_loglik)
 from .prepare import Prepared, RunPrepared
 
 __all__ = [
@@ -148,24 +149,7 @@ class GroupArrays(NamedTuple):
     real: Any
 
 
-class StreamArrays(NamedTuple):
-    """Per-run arrays of one stream.
-
-    Fields: Y0 (n_s, F) values, NaN -> 0; mask (n_s, F) or None; S1, S2, n_f (F,) data sums;
-    sample_nodes (n_s,) node of each sample (N for padding); node_counts (N,) samples per node;
-    low_rows (e,) rows of the flattened (N K, K) factor filled by low-count values (past the end for padding);
-    low_feats (e,) their features.
-    """
-
-    Y0: Any
-    mask: Any
-    S1: Any
-    S2: Any
-    n_f: Any
-    sample_nodes: Any
-    node_counts: Any
-    low_rows: Any
-    low_feats: Any
+# StreamArrays (per-run arrays of one stream) is shared with the per-run likelihood: msrm.gp.likelihood
 
 
 class RunArrays(NamedTuple):
@@ -459,10 +443,7 @@ def node_information_arrays(theta, sig: Signature, arrays: RunArrays):
         ``Lambda = 0``, ``eta = 0``, ``R = 0``.
     """
     N, K = sig.n_nodes, sig.n_factors
-    terms = (StreamTerms(ss.key, ss.has_missing, ss.n_features, st.Y0, st.mask, st.S1, st.S2, st.n_f,
-                         st.sample_nodes, st.node_counts, st.low_rows if ss.n_low else np.zeros(0, int),
-                         st.low_feats)
-             for ss, st in zip(sig.streams, arrays.streams))
+    terms = zip(sig.streams, arrays.streams)
     Lam, eta, R_rows, const = accumulate_node_statistics(theta, terms, N, K, arrays.n_obs)
     R = R_rows.reshape(N, K, K)
     if sig.has_chol:
