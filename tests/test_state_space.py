@@ -3,7 +3,8 @@
 * the discretised Matérn SDEs reproduce the kernel matrix on a grid;
 * the exact filter equals the brute-force density (full observation covariance + SciPy) and the grouped backend,
   for every kernel, both poolings, missing values and two runs;
-* gradients equal central finite differences; the associative scan equals the sequential scan (value and
+* gradients equal central finite differences; the hand-written reverse mode (:mod:`.adjoint`, what ``loglik``
+  uses) equals JAX's autodiff of the sequential scan; the associative scan equals the sequential scan (value and
   gradient); checkpointed equals unchecked; the approximate banks converge toward the exact density.
 """
 from __future__ import annotations
@@ -19,6 +20,8 @@ from msrm.gp import likelihood as gl
 from msrm.gp.reference import brute_force_loglik, matern_numpy
 from msrm.gp.state_space import loglik, prepare
 from msrm.gp.state_space import embedding, sde
+from msrm.gp.state_space.adjoint import run_loglik_adjoint
+from msrm.gp.state_space.filter import run_loglik_sequential
 
 KERNELS = ("matern12", "matern32", "matern52")
 
@@ -131,6 +134,52 @@ def test_gradient_matches_finite_differences():
         (("intercepts", "p2/brain"), 2),
     ]
     _fd_check(prepare(data, truth.spec, checkpoint_every=4), theta, paths)
+
+
+def _runs_total(fn):
+    return lambda th, p: sum(fn(th, r)[0] for r in p.runs)
+
+
+@pytest.mark.parametrize(
+    "kernel,pooling,missing,options",
+    [
+        ("matern12", "shared", 0.2, {}),
+        ("matern32", "shared", 0.2, {"checkpoint_every": 4}),
+        ("matern52", "shared", 0.0, {"checkpoint_every": 0}),
+        ("matern32", "individual", 0.2, {"checkpoint_every": 7}),
+        ("matern52", "individual", 0.3, {}),
+        ("matern32", "shared", 0.2, {"response_embedding": "laguerre", "n_states": 4}),
+        ("matern12", "individual", 0.2, {"response_embedding": "rational", "n_states": 3, "checkpoint_every": 5}),
+    ],
+)
+def test_adjoint_gradient_equals_autodiff(kernel, pooling, missing, options):
+    # two runs, missing values, every kernel and both poolings, checkpointing on and off, banks
+    data, truth = tiny(kernel, pooling, missing=missing, n_runs=2)
+    theta = theta_of(truth.params)
+    prepared = prepare(data, truth.spec, **options)
+    v_ad, g_ad = jax.jit(jax.value_and_grad(_runs_total(run_loglik_sequential)))(theta, prepared)
+    v_adj, g_adj = jax.jit(jax.value_and_grad(_runs_total(run_loglik_adjoint)))(theta, prepared)
+    assert abs(float(v_adj) - float(v_ad)) <= 1e-12 * abs(float(v_ad))
+    flat_ad, tree_ad = jax.tree_util.tree_flatten(g_ad)
+    flat_adj, tree_adj = jax.tree_util.tree_flatten(g_adj)
+    assert tree_ad == tree_adj
+    scale = max(float(np.max(np.abs(x))) for x in flat_ad)
+    for x, y in zip(flat_ad, flat_adj):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-9, atol=1e-10 * scale)
+
+
+def test_bank_gradient_matches_finite_differences():
+    data, truth = tiny("matern52", "individual", n_runs=1)
+    theta = theta_of(truth.params)
+    paths = [
+        (("lengthscales",), 1),
+        (("response", "p3/physio", "lag"), None),
+        (("response", "p4/physio", "width"), None),
+        (("loadings", "p1/brain"), (0, 1)),
+        (("noise_sd", "p3/rating"), 0),
+    ]
+    prepared = prepare(data, truth.spec, response_embedding="laguerre", n_states=5, checkpoint_every=6)
+    _fd_check(prepared, theta, paths)
 
 
 @pytest.mark.slow

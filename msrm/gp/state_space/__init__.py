@@ -6,7 +6,8 @@ and ``loglik(theta, prepared) -> (value, events)`` (pure JAX, jit/grad-able) are
 of each run whose update matrix ``G`` lost positive determinant (0 in a healthy run).
 
 Modules: :mod:`.sde` (Matérn SDEs), :mod:`.embedding` (delay line and banks), :mod:`.prepare`,
-:mod:`.filter` (sequential, checkpointed scan), :mod:`.parallel` (associative scan).
+:mod:`.filter` (sequential, checkpointed scan), :mod:`.adjoint` (its hand-written reverse mode, used by
+:func:`loglik`), :mod:`.parallel` (associative scan).
 """
 from __future__ import annotations
 
@@ -29,13 +30,13 @@ def loglik(theta, prepared: StateSpacePrepared):
     Returns:
         (value, events): float64 scalar, (n_runs,) int32.
     """
-    from .filter import run_loglik_sequential
+    from .adjoint import run_loglik_adjoint
     from .parallel import run_loglik_parallel
 
     TRACE_COUNT[0] += 1
     total, events = 0.0, []
     for run in prepared.runs:
-        fn = run_loglik_parallel if run.tables.parallel else run_loglik_sequential
+        fn = run_loglik_parallel if run.tables.parallel else run_loglik_adjoint
         value, bad = fn(theta, run)
         total = total + value
         events.append(bad)

@@ -23,6 +23,8 @@ factor k), so the K current grid values are rows 0..K-1 and one ring slot is K c
 information are the only per-step inputs (nothing steps x S x S is staged). The scan runs over chunks of
 ``chunk`` steps, each under ``jax.checkpoint``: reverse mode keeps one carry per chunk and recomputes inside a
 chunk, so residual memory grows with ``n_chunks + chunk`` (≈ 2 sqrt(steps) by default).
+:func:`run_loglik_sequential` is differentiated by JAX (kept as the reference and for forward mode);
+:func:`msrm.gp.state_space.loglik` uses the same scan with the hand-written reverse mode of :mod:`.adjoint`.
 
 Clipped windows at the two ends of a run pile many nodes onto one step; such a step is split into sub-steps of
 ``M_g`` slots per group (only the last one predicts), so the slot count stays that of a typical step.
