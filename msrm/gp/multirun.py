@@ -59,6 +59,7 @@ import numpy as np
 
 from ..operators import WindowLayout, jax_window_weights
 from ..responses import Response
+from . import banded
 from .kernels import grid_distances, kernel_matrices
 from .likelihood import (StreamArrays, accumulate_node_statistics, covariance_from_response, group_theta,
                          woodbury_loglik)
@@ -102,6 +103,7 @@ class GroupShape(NamedTuple):
     node_start: int
     n_nodes: int
     width: int
+    chunks: Any = None  # msrm.gp.banded.ChunkShape for the chunked covariance products, or None
 
 
 class StreamShape(NamedTuple):
@@ -313,8 +315,13 @@ def _signature(runs: Sequence[RunPrepared]) -> Signature:
     first = runs[0].layout
     n_g = [max(s) for s in zip(*(_group_sizes(r) for r in runs))]
     starts = np.concatenate([[0], np.cumsum(n_g)[:-1]]).astype(int)
-    groups = tuple(GroupShape(g.key, g.response, g.param_key, int(s), int(n), g.window.width)
-                   for g, s, n in zip(first.groups, starts, n_g))
+    n_grid = max(r.layout.n_grid for r in runs)
+    chunks = [banded.chunk_shape([r.layout.groups[i].window.start for r in runs], g.window.width, n_grid, int(n))
+              for i, (g, n) in enumerate(zip(first.groups, n_g))]
+    if not banded.worthwhile(chunks, n_grid):
+        chunks = [None] * len(chunks)
+    groups = tuple(GroupShape(g.key, g.response, g.param_key, int(s), int(n), g.window.width, c)
+                   for g, s, n, c in zip(first.groups, starts, n_g, chunks))
     streams = []
     for key, F in sorted((sl.key, sl.n_features) for sl in first.streams):
         per = [next(sl for sl in r.layout.streams if sl.key == key) for r in runs]
@@ -322,7 +329,7 @@ def _signature(runs: Sequence[RunPrepared]) -> Signature:
                                    any(sl.has_missing for sl in per), max(sl.low_rows.size for sl in per)))
     return Signature(
         n_factors=first.n_factors, kernel=first.kernel, method=first.method, grouped=first.grouped,
-        n_grid=max(r.layout.n_grid for r in runs), n_nodes=int(sum(n_g)),
+        n_grid=n_grid, n_nodes=int(sum(n_g)),
         grid_step=float(first.groups[0].window.grid_step) if first.groups else 0.0,
         has_chol=any(r.layout.chol_nodes.size for r in runs), groups=groups, streams=tuple(streams),
     )
@@ -454,13 +461,18 @@ def node_information_arrays(theta, sig: Signature, arrays: RunArrays):
     return Lam, eta, R, const
 
 
+def _group_weights(theta, sig: Signature, gs: GroupShape, ga: GroupArrays):
+    """Window weights (n_g, w) of one group of a padded run; zero rows for dummy nodes."""
+    layout = WindowLayout(start=ga.start, width=gs.width, delta=ga.delta, valid=ga.valid,
+                          grid_step=sig.grid_step, n_grid=sig.n_grid)
+    return jax_window_weights(group_theta(theta, gs), gs.response, layout) * ga.real[:, None]
+
+
 def response_matrix_arrays(theta, sig: Signature, arrays: RunArrays):
     """Response rows ``A`` (N, J) of one padded run; rows of dummy nodes are zero."""
     A = jnp.zeros((sig.n_nodes, sig.n_grid))
     for gs, ga in zip(sig.groups, arrays.groups):
-        layout = WindowLayout(start=ga.start, width=gs.width, delta=ga.delta, valid=ga.valid,
-                              grid_step=sig.grid_step, n_grid=sig.n_grid)
-        a = jax_window_weights(group_theta(theta, gs), gs.response, layout) * ga.real[:, None]
+        a = _group_weights(theta, sig, gs, ga)
         rows = np.repeat(np.arange(gs.node_start, gs.node_start + gs.n_nodes), gs.width)
         cols = (ga.start[:, None] + jnp.arange(gs.width)[None, :]).reshape(-1)
         A = A.at[rows, cols].set(a.reshape(-1), unique_indices=True)
@@ -478,8 +490,14 @@ def run_loglik_arrays(theta, sig: Signature, dist, arrays: RunArrays):
     """
     RUN_TRACE_COUNT[0] += 1
     _, eta, R, const = node_information_arrays(theta, sig, arrays)
-    A = response_matrix_arrays(theta, sig, arrays)
-    C = covariance_from_response(A, kernel_matrices(dist, theta["lengthscales"], sig.kernel))
+    Kk = kernel_matrices(dist, theta["lengthscales"], sig.kernel)
+    if sig.groups and all(gs.chunks is not None for gs in sig.groups):
+        shapes = tuple(gs.chunks for gs in sig.groups)
+        windows = tuple(banded.chunk_windows(_group_weights(theta, sig, gs, ga), ga.start, gs.chunks, sig.n_grid)
+                        for gs, ga in zip(sig.groups, arrays.groups))
+        C = banded.chunked_covariance(shapes, windows, Kk)
+    else:
+        C = covariance_from_response(response_matrix_arrays(theta, sig, arrays), Kk)
     return woodbury_loglik(eta, R, C, const, sig.method)
 
 
