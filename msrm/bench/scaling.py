@@ -26,7 +26,7 @@ SIZES: dict[str, dict[str, Any]] = {
                   repeats=1, time_budget_s=30.0, restarts=2, restart_iter=3, restart_features=3,
                   restart_configs=[("loky", 1)]),
     "quick": dict(profile="one-eighth", n_features=36, n_factors=3,
-                  scales={"grouped": [1, 2], "state_space": [1, 2, 4]}, repeats=2, time_budget_s=60.0, restarts=2,
+                  scales={"grouped": [1, 2], "state_space": [1, 2]}, repeats=2, time_budget_s=60.0, restarts=2,
                   restart_iter=5, restart_features=36, restart_configs=[("loky", 1), ("loky", 2)]),
     "note": dict(profile="one-eighth", n_features=3600, n_factors=5,
                  scales={"grouped": [1, 2, 4, 8], "state_space": [1, 2, 4, 8]}, repeats=3, time_budget_s=240.0,

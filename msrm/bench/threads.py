@@ -45,7 +45,7 @@ NOTEBOOK = "threads"
 
 PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {"n": 200, "repeats": 3, "budget_s": 30.0},
-    "quick": {"n": 1200, "repeats": 3, "budget_s": 120.0},
+    "quick": {"n": 1000, "repeats": 3, "budget_s": 60.0},
     "note": {"n": 2727, "repeats": 5, "budget_s": 400.0},
 }
 PROFILES["full"] = PROFILES["note"]
