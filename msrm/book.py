@@ -26,7 +26,7 @@ import pandas as pd
 __all__ = [
     "ROOT", "REFERENCE_LABEL", "NOT_MEASURED", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
     "device_summary", "reference_rows", "figure_paths", "fmt", "show_table", "figure_markdown", "show_figures",
-    "devices_in", "param_columns", "render_notebook", "pick",
+    "devices_in", "param_columns", "render_notebook", "pick", "run_statuses", "profile_sittings",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -356,3 +356,41 @@ def pick(df: pd.DataFrame, notebook: str, experiment: str, metric: str, **params
     sub = sub.sort_values(["_rank", "device", "info_timestamp"], ascending=[True, True, False], kind="stable")
     row = sub.iloc[0]
     return row["value"], row["device"], row["profile"]
+
+
+def run_statuses(root: str | Path | Sequence[str | Path] | None = None) -> pd.DataFrame:
+    """One row per notebook run found (``results/<device>/<profile>/<notebook>/status.json``): device, profile,
+    notebook, status, wall seconds, start time, commit and error text. Hidden folders (a run in progress) are
+    skipped; a failed run kept beside earlier results (``<notebook>.failed``) is listed with its own status."""
+    rows = []
+    for base in results_roots(root):
+        for status in sorted(base.glob("*/*/*/status.json")):
+            if any(part.startswith(".") for part in status.relative_to(base).parts):
+                continue
+            s = json.loads(status.read_text())
+            info = s.get("execution_info") or {}
+            rows.append({"device": status.parts[-4], "profile": status.parts[-3],
+                         "notebook": s.get("notebook") or status.parts[-2], "status": s.get("status"),
+                         "wall_s": s.get("wall_s"), "started": s.get("started"),
+                         "commit": (info.get("git_commit") or "")[:7], "error": (s.get("error") or "")[:80]})
+    cols = ["device", "profile", "notebook", "status", "wall_s", "started", "commit", "error"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def profile_sittings(runs: pd.DataFrame, expected: int | None = None) -> pd.DataFrame:
+    """Per (device, profile): notebooks with an ``ok`` run, how many are expected, and the sum of their wall
+    times in minutes, i.e. how long one sitting that runs them back to back takes (start-up between notebooks
+    excluded). ``complete`` is True when every expected notebook has an ok run; ``expected`` defaults to the
+    number of notebooks in ``notebooks/``."""
+    if expected is None:
+        expected = len(list((ROOT / "notebooks").glob("*.ipynb")))
+    ok = runs[runs["status"] == "ok"]
+    out = []
+    for (device, profile), g in ok.groupby(["device", "profile"], sort=True):
+        out.append({"device": device, "profile": profile, "notebooks_ok": int(g["notebook"].nunique()),
+                    "expected": expected, "complete": bool(g["notebook"].nunique() >= expected),
+                    "total_min": float(g["wall_s"].astype(float).sum()) / 60.0,
+                    "longest": str(g.loc[g["wall_s"].astype(float).idxmax(), "notebook"]),
+                    "commits": ", ".join(sorted(set(c for c in g["commit"] if c)))})
+    return pd.DataFrame(out, columns=["device", "profile", "notebooks_ok", "expected", "complete", "total_min",
+                                      "longest", "commits"])

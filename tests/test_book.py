@@ -75,6 +75,33 @@ def test_device_table_side_by_side_prefers_note_and_says_not_yet_measured(result
     assert mb.pick(df, "linalg", "matmul", "median_s", n=4096) == (None, None, None)
 
 
+def _status(folder: Path, notebook: str, status: str, wall: float, commit: str = "abc1234def") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "status.json").write_text(json.dumps({
+        "notebook": notebook, "status": status, "wall_s": wall, "started": "2026-01-01T00:00:00+0000",
+        "error": None if status == "ok" else "boom", "execution_info": {"git_commit": commit}}))
+
+
+def test_run_statuses_and_sittings_sum_ok_runs_only(tmp_path):
+    root = tmp_path / "results"
+    for nb, wall in (("a", 600.0), ("b", 1500.0)):
+        _status(root / "cpu-x" / "note" / nb, nb, "ok", wall)
+    _status(root / "cpu-x" / "note" / "c.failed", "c", "failed", 50.0, commit="fff0000aaa")
+    _status(root / "cpu-x" / "note" / ".c.tmp-1", "c", "ok", 1.0)  # a run in progress is not a result
+    _status(root / "cpu-x" / "quick" / "a", "a", "ok", 30.0)
+    runs = mb.run_statuses(root)
+    assert sorted(runs["notebook"]) == ["a", "a", "b", "c"]
+    assert set(runs["commit"]) == {"abc1234", "fff0000"}
+    sit = mb.profile_sittings(runs, expected=3).set_index(["device", "profile"])
+    note = sit.loc[("cpu-x", "note")]
+    assert note["notebooks_ok"] == 2 and not note["complete"] and note["total_min"] == pytest.approx(35.0)
+    assert note["longest"] == "b" and note["commits"] == "abc1234"
+    assert sit.loc[("cpu-x", "quick")]["total_min"] == pytest.approx(0.5)
+    assert bool(mb.profile_sittings(runs, expected=2).set_index(["device", "profile"]).loc[("cpu-x", "note"),
+                                                                                          "complete"])
+    assert mb.run_statuses(tmp_path / "none").empty and mb.profile_sittings(mb.run_statuses(tmp_path / "none")).empty
+
+
 def test_reference_rows_are_labelled(results):
     ref = mb.reference_rows("linalg")
     assert len(ref) > 0 and set(ref["source"]) == {"note, 2026-09-21"} and set(ref["section"]) == {"linalg"}

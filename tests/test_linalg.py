@@ -274,3 +274,47 @@ def test_benchmark_rows_are_well_formed():
             "plain_grad_logdet", "quad_logdet_native", "speedup_vs_plain_grad", "value_grad_over_floor"} <= experiments
     assert all(r["execution_info"]["blas"] for r in rows)
     assert bench_threads.thread_settings(2) == [(1, False), (2, False), (4, True)]
+
+
+@pytest.mark.parametrize("K", [1, 2, 3, 5, linalg.SMALL_CHOLESKY_MAX, linalg.SMALL_CHOLESKY_MAX + 1])
+def test_small_cholesky_equals_lapack_and_differentiates(K):
+    rng = np.random.default_rng(K)
+    X = rng.standard_normal((7, 4, K, K + 2))
+    A = jnp.asarray(X @ np.swapaxes(X, -1, -2) + 0.1 * np.eye(K))
+    L = linalg.small_cholesky(A)
+    np.testing.assert_allclose(np.asarray(L), np.linalg.cholesky(np.asarray(A)), rtol=1e-11, atol=1e-12)
+    assert np.all(np.triu(np.asarray(L)[0, 0], 1) == 0.0)
+    # reverse mode of the unrolled form against finite differences, through a symmetric perturbation
+    check_grads(lambda a: linalg.small_cholesky(0.5 * (a + jnp.swapaxes(a, -1, -2)))[..., -1, :].sum(), (A[0, :2],),
+                order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
+
+
+def test_small_cholesky_not_positive_definite_is_nan_like_lapack():
+    A = jnp.asarray([[[1.0, 2.0], [2.0, 1.0]], [[2.0, 0.5], [0.5, 1.0]]])
+    L = np.asarray(linalg.small_cholesky(A))
+    ref = np.asarray(jnp.linalg.cholesky(A))
+    assert np.isnan(L[0]).any() and np.isnan(ref[0]).any()
+    np.testing.assert_allclose(L[1], ref[1], rtol=1e-14)
+    with pytest.raises(ValueError, match="square"):
+        linalg.small_cholesky(jnp.ones((3, 2)))
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_per_item_on_cpu_equals_the_batched_call(batched):
+    rng = np.random.default_rng(3)
+    A = jnp.asarray(rng.standard_normal((3, 4, 5, 5)) + 5 * np.eye(5))
+    b = jnp.asarray(rng.standard_normal((3, 4, 5)))
+
+    def fn(a, v):
+        return jnp.linalg.slogdet(a)[1], jnp.linalg.solve(a, v[..., None])[..., 0]
+
+    ref = fn(A, b)
+    got = jax.jit(lambda a, v: linalg.per_item_on_cpu(fn, a, v, batch_ndim=2, batched=batched))(A, b)
+    for x, y in zip(got, ref):
+        assert x.shape == y.shape
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-12)
+    # on this CPU backend the batch is a loop: no batched LAPACK call is left in the program
+    hlo = jax.jit(lambda a, v: linalg.per_item_on_cpu(fn, a, v, batch_ndim=2, batched=batched)).lower(A, b).as_text()
+    assert "while" in hlo
+    with pytest.raises(ValueError, match="batch shape"):
+        linalg.per_item_on_cpu(fn, A, b[:2], batch_ndim=2)

@@ -218,15 +218,12 @@ _SHARDED = textwrap.dedent(r"""
 """)
 
 
-@pytest.mark.slow
 def test_sharded_over_two_host_devices_equals_single_device_sum(tmp_path):
-    """Slow. On the 2-core development machine, forced host devices on XLA:CPU often stall in the cross-device
-    all-gather rendezvous (XLA reports 'rendezvous ... may be stuck' and aborts, or the call never returns), even
-    with the concurrency-optimized scheduler off; it passed in one of several attempts. That is the CPU stand-in
-    for several devices, not the likelihood; run this where the host has more cores, or on real devices."""
-    # two forced host devices; XLA:CPU's concurrency-optimized scheduler deadlocks them here (msrm.gp.multirun)
-    flags = "--xla_force_host_platform_device_count=2 --xla_cpu_enable_concurrency_optimized_scheduler=false"
-    env = dict(os.environ, XLA_FLAGS=flags, OMP_NUM_THREADS="1",
+    """Two forced host devices in a subprocess. This used to hang on the 2-core machine: jaxlib 0.10's batched
+    CPU LAPACK kernels split their batch over XLA's intra-op pool from inside a pool thread and wait, and with
+    both device programs in such a kernel no thread was left to do the work. The likelihood now makes no batched
+    LAPACK call on XLA:CPU (``linalg.small_cholesky``, ``linalg.per_item_on_cpu``)."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", OMP_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=400,
                           cwd=tmp_path)

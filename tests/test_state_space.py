@@ -182,11 +182,10 @@ def test_bank_gradient_matches_finite_differences():
     _fd_check(prepared, theta, paths)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_parallel_equals_sequential_value():
-    # slow: compiling the associative scan takes tens of seconds on a 2-core CPU, and on this machine its
-    # batched LAPACK solves have hung intermittently inside XLA (reported; the sequential path is unaffected)
+    # on XLA:CPU the scan's solves run one element at a time (linalg.per_item_on_cpu): jaxlib 0.10's batched
+    # CPU LAPACK kernels hung here before, waiting for pool threads that were all waiting themselves
     data, truth = tiny("matern52", "individual", n_runs=2)
     theta = theta_of(truth.params)
     seq = value(prepare(data, truth.spec), theta)
@@ -194,10 +193,9 @@ def test_parallel_equals_sequential_value():
     assert abs(seq - par) <= 1e-8 * abs(seq)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_parallel_equals_sequential_gradient():
-    # compiling reverse mode through the associative scan takes about a minute on a 2-core CPU
+    # compiling reverse mode through the associative scan takes about 20 s on a 2-core CPU
     data, truth = tiny("matern32", "shared", n_runs=1)
     theta = theta_of(truth.params)
     seq, par = prepare(data, truth.spec), prepare(data, truth.spec, parallel=True)

@@ -56,6 +56,7 @@ __all__ = [
     "node_covariance",
     "banded_shapes",
     "covariance_from_response",
+    "woodbury_system",
     "woodbury_loglik",
     "StreamArrays",
     "accumulate_node_statistics",
@@ -221,7 +222,7 @@ def node_information(theta, run: RunPrepared):
     Lam, eta, R_rows, const = accumulate_node_statistics(theta, terms, N, K, layout.n_obs)
     R = R_rows.reshape(N, K, K)
     if layout.chol_nodes.size:
-        L = jnp.linalg.cholesky(Lam[layout.chol_nodes])
+        L = linalg.small_cholesky(Lam[layout.chol_nodes])
         R = R.at[layout.chol_nodes].set(jnp.swapaxes(L, -1, -2), unique_indices=True)
     return Lam, eta, R, const
 
@@ -282,6 +283,21 @@ def run_loglik(theta, run: RunPrepared):
     return woodbury_loglik(eta, R, C, const, layout.method)
 
 
+def woodbury_system(eta, R, C):
+    """The node-space pieces shared by the density and the pointwise terms: ``(C, C eta, v, M)``.
+
+    ``C`` (K, N, N) is returned exactly symmetric (``A K_k A^T`` is symmetric only to rounding), so that
+    ``M = I + R C R^T`` (NK, NK) is bitwise symmetric and the factorization can skip its own symmetrisation;
+    ``C eta`` is (N, K) in (node, factor) order and ``v = R C eta`` is (NK,).
+    """
+    N, K = eta.shape
+    C = 0.5 * (C + jnp.swapaxes(C, -1, -2))
+    Ce = jnp.einsum("kuv,vk->uk", C, eta)
+    v = jnp.einsum("uak,uk->ua", R, Ce).reshape(N * K)
+    M = jnp.eye(N * K) + node_woodbury_matrix(R, C).reshape(N * K, N * K)
+    return C, Ce, v, M
+
+
 def woodbury_loglik(eta, R, C, const, method: str):
     """The node-space Woodbury log density of one run from its node quantities (module docstring).
 
@@ -291,14 +307,8 @@ def woodbury_loglik(eta, R, C, const, method: str):
     Returns:
         (value, event): float64 scalar, int32 scalar.
     """
-    N, K = eta.shape
-    # exactly symmetric C_k (A K_k A^T is symmetric only to rounding): M is then bitwise symmetric and the
-    # factorization skips its own symmetrisation of the (NK)^2 matrix
-    C = 0.5 * (C + jnp.swapaxes(C, -1, -2))
-    Ce = jnp.einsum("kuv,vk->uk", C, eta)  # (C eta) in (u, k) order
+    C, Ce, v, M = woodbury_system(eta, R, C)
     eta_C_eta = jnp.sum(eta * Ce)
-    v = jnp.einsum("uak,uk->ua", R, Ce).reshape(N * K)
-    M = jnp.eye(N * K) + node_woodbury_matrix(R, C).reshape(N * K, N * K)
     quad, logdet, event = linalg.quad_logdet(M, v, method=method, symmetric=True)
     return -0.5 * (const - eta_C_eta + quad + logdet), event
 

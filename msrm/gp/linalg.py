@@ -80,6 +80,9 @@ __all__ = [
     "jitter_levels",
     "describe_event",
     "potrf_potri_callback",
+    "small_cholesky",
+    "per_item_on_cpu",
+    "SMALL_CHOLESKY_MAX",
     "callback_threads",
     "callback_thread_count",
     "N_JITTER",
@@ -392,6 +395,73 @@ def potrf_potri_callback(M: jax.Array) -> tuple[jax.Array, jax.Array]:
 # ---------------------------------------------------------------------------------------------------------
 # Native path (lax control flow, same ladder)
 # ---------------------------------------------------------------------------------------------------------
+
+
+#: Largest K for which :func:`small_cholesky` unrolls the factorization into elementwise operations.
+SMALL_CHOLESKY_MAX = 12
+
+
+def small_cholesky(A):
+    """Lower Cholesky factors of a batch of small symmetric matrices ``A`` (..., K, K), as ``jnp.linalg.cholesky``
+    (of the symmetrised input; NaN where a matrix is not positive definite).
+
+    For ``K <= SMALL_CHOLESKY_MAX`` the column algorithm is unrolled into elementwise operations over the batch:
+    no LAPACK call at all. This matters on XLA:CPU with jaxlib 0.10, whose batched LAPACK kernels split the batch
+    over the intra-op thread pool from inside a pool thread and wait for the pieces: when as many such kernels run
+    at once as the pool has threads (two host devices on two cores, or independent branches of one program), every
+    thread waits for work only a waiting thread could do, and the program never finishes. For the node factors
+    (K x K, K the number of factors) the unrolled form is also cheaper than a LAPACK call per node.
+    Larger K falls back to ``jnp.linalg.cholesky``.
+    """
+    K = A.shape[-1]
+    if A.shape[-2] != K:
+        raise ValueError(f"small_cholesky: expected square matrices, got shape {A.shape}")
+    if K > SMALL_CHOLESKY_MAX:
+        return jnp.linalg.cholesky(A)
+    A = 0.5 * (A + jnp.swapaxes(A, -1, -2))
+    L = [[None] * K for _ in range(K)]
+    for j in range(K):
+        d2 = A[..., j, j]
+        for k in range(j):
+            d2 = d2 - L[j][k] * L[j][k]
+        d = jnp.sqrt(d2)
+        L[j][j] = d
+        for i in range(j + 1, K):
+            t = A[..., i, j]
+            for k in range(j):
+                t = t - L[i][k] * L[j][k]
+            L[i][j] = t / d
+    zero = jnp.zeros_like(A[..., 0, 0])
+    return jnp.stack([jnp.stack([L[i][j] if j <= i else zero for j in range(K)], axis=-1) for i in range(K)],
+                     axis=-2)
+
+
+def per_item_on_cpu(fn, *args, batch_ndim: int = 1, batched: bool = True):
+    """``fn`` over arrays whose leading ``batch_ndim`` axes are a batch.
+
+    ``batched=True``: ``fn`` accepts any number of leading axes (``...`` broadcasting, batched ``jnp.linalg``
+    calls); ``batched=False``: ``fn`` takes one item, and is vectorised with ``jax.vmap`` where that is wanted.
+    On accelerators the whole batch goes through one call. On XLA:CPU the batch is flattened and ``fn`` runs on
+    one item at a time (``lax.map``), so that every LAPACK call inside it is unbatched: jaxlib 0.10's batched CPU
+    LAPACK kernels can deadlock the intra-op thread pool (see :func:`small_cholesky`). The platform is read at
+    trace time (``jax.default_backend()``).
+    """
+    if batch_ndim == 0:
+        return fn(*args)
+    if jax.default_backend() != "cpu":
+        if batched:
+            return fn(*args)
+        for _ in range(batch_ndim):
+            fn = jax.vmap(fn)
+        return fn(*args)
+    leaves = jax.tree_util.tree_leaves(args)
+    batch = leaves[0].shape[:batch_ndim]
+    if any(x.shape[:batch_ndim] != batch for x in leaves):
+        raise ValueError(f"per_item_on_cpu: every argument needs the batch shape {batch}")
+    size = int(np.prod(batch)) if batch else 1
+    flat = jax.tree_util.tree_map(lambda x: x.reshape((size,) + x.shape[batch_ndim:]), args)
+    out = lax.map(lambda a: fn(*a), flat)
+    return jax.tree_util.tree_map(lambda y: y.reshape(batch + y.shape[1:]), out)
 
 
 def _chol_ok(L):

@@ -31,21 +31,23 @@ So padded and unpadded runs give the same value and gradient up to rounding (tes
 ``pad_tolerance=0`` stacks only runs of identical size.
 
 **Devices.** With several devices the stacks' run axes are sharded over a one-axis ``Mesh(devices, ("runs",))``
-(``NamedSharding(mesh, P("runs"))``) and evaluated inside ``jax.shard_map``: each device vmaps over its own runs
-and the per-run values are summed across devices by XLA. A stack whose run count is not a multiple of the device
-count is padded with copies of its last run that are evaluated and then dropped (they never enter the sum or the
-gradient); a single run is therefore computed on every device (replication): more runs than devices is where
-sharding pays. On a mesh the factorization is always the native JAX one: with two host devices the LAPACK
-``pure_callback`` of :func:`msrm.gp.linalg.quad_logdet` deadlocked in testing (both device threads waiting inside
-the callback while their arguments were being transferred), so ``method="auto"`` resolves to ``"native"`` there
-and ``method="callback"`` with several devices is refused. ``shard_map`` runs with ``check_vma=False`` (values
-coming out of custom-derivative rules carry no per-device type annotation).
+(``NamedSharding(mesh, P("runs"))``) and evaluated inside ``jax.shard_map``: each device evaluates its own runs
+(vmapped; one after another on XLA:CPU, see below) and the per-run values are summed across devices by XLA. A
+stack whose run count is not a multiple of the device count is padded with copies of its last run that are
+evaluated and then dropped (they never enter the sum or the gradient); a single run is therefore computed on every
+device (replication): more runs than devices is where sharding pays. On a mesh the factorization is always the
+native JAX one: with two host devices the LAPACK ``pure_callback`` of :func:`msrm.gp.linalg.quad_logdet`
+deadlocked in testing (both device threads waiting inside the callback while their arguments were being
+transferred), so ``method="auto"`` resolves to ``"native"`` there and ``method="callback"`` with several devices
+is refused. ``shard_map`` runs with ``check_vma=False`` (values coming out of custom-derivative rules carry no
+per-device type annotation).
 
-Host devices forced with ``XLA_FLAGS=--xla_force_host_platform_device_count=n`` (how the tests get two devices on a
-CPU) hang on the 2-core development machine with the native path too: always with XLA:CPU's default
-concurrency-optimized scheduler, and often (XLA's cross-device all-gather rendezvous never completes) with
-``--xla_cpu_enable_concurrency_optimized_scheduler=false``, which the test sets. Sharding is meant for real
-accelerators; on a CPU host, one process with one device is the supported setting.
+**XLA:CPU.** jaxlib 0.10's batched CPU LAPACK kernels split their batch over XLA's intra-op thread pool from
+inside a pool thread and wait for the pieces. Two host devices (``XLA_FLAGS=--xla_force_host_platform_device_
+count=2``, how the tests get two devices on a CPU) on two cores each entered such a kernel and waited forever. So
+on the CPU platform no batched LAPACK call is made: the per-node factors use
+:func:`msrm.gp.linalg.small_cholesky` and the stacked runs go through :func:`msrm.gp.linalg.per_item_on_cpu`
+(``lax.map``, one run at a time). Accelerators keep the vmapped batch.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ import numpy as np
 
 from ..operators import WindowLayout, jax_window_weights
 from ..responses import Response
-from . import banded
+from . import banded, linalg
 from .kernels import grid_distances, kernel_matrices
 from .likelihood import (StreamArrays, accumulate_node_statistics, covariance_from_response, group_theta,
                          woodbury_loglik)
@@ -456,7 +458,7 @@ def node_information_arrays(theta, sig: Signature, arrays: RunArrays):
     if sig.has_chol:
         m = arrays.chol_mask[:, None, None]
         # identity where no Cholesky factor is wanted, so every factorization is finite (and its branch unused)
-        L = jnp.linalg.cholesky(Lam + (1.0 - m) * jnp.eye(K))
+        L = linalg.small_cholesky(Lam + (1.0 - m) * jnp.eye(K))
         R = jnp.where(m > 0, jnp.swapaxes(L, -1, -2), R)
     return Lam, eta, R, const
 
@@ -506,7 +508,9 @@ def _bucket_logliks(theta, bucket: Bucket, mesh):
     sig = bucket.signature
 
     def stack(theta, dist, arrays):
-        return jax.vmap(lambda a: run_loglik_arrays(theta, sig, dist, a))(arrays)
+        # vmapped over the stacked runs; on XLA:CPU one run after another (linalg.per_item_on_cpu), which keeps
+        # every LAPACK call unbatched
+        return linalg.per_item_on_cpu(lambda a: run_loglik_arrays(theta, sig, dist, a), arrays, batched=False)
 
     if mesh is None:
         if bucket.n_stacked == 1:  # no vmap: the callback hands its factor back without a batch copy

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
 from . import linalg
-from .likelihood import node_covariance, node_information, node_woodbury_matrix
+from .likelihood import node_covariance, node_information, woodbury_system
 from .prepare import Prepared, RunPrepared
 
 __all__ = ["run_pointwise", "pointwise_logliks"]
@@ -49,12 +49,8 @@ def _node_posterior(theta, run: RunPrepared):
     layout = run.layout
     N, K = layout.n_nodes, layout.n_factors
     _, eta, R, _ = node_information(theta, run)
-    C = node_covariance(theta, layout)
-    C = 0.5 * (C + jnp.swapaxes(C, -1, -2))
-    Ce = jnp.einsum("kuv,vk->uk", C, eta)
-    v = jnp.einsum("uak,uk->ua", R, Ce).reshape(N * K)
-    M = jnp.eye(N * K) + node_woodbury_matrix(R, C).reshape(N * K, N * K)
-    L, event = linalg._native_factor(0.5 * (M + M.T))
+    C, Ce, v, M = woodbury_system(eta, R, node_covariance(theta, layout))
+    L, event = linalg._native_factor(M)  # M is bitwise symmetric (woodbury_system)
     B = R[:, :, None, :] * jnp.transpose(C, (1, 2, 0))[:, None, :, :]  # (R C)[(u,a),(v,k)] = R_u[a,k] C_k[u,v]
     X = solve_triangular(L, B.reshape(N * K, N * K), lower=True).reshape(N * K, N, K)
     w = solve_triangular(L, v, lower=True)
@@ -62,6 +58,11 @@ def _node_posterior(theta, run: RunPrepared):
     Q = diagC[:, :, None] * jnp.eye(K) - jnp.einsum("xuk,xul->ukl", X, X)
     m = Ce - jnp.einsum("xuk,x->uk", X, w)
     return m, Q, event
+
+
+def _logdet_and_solve(A, b):
+    """``(log|det A|, A^-1 b)`` for (..., K, K) and (..., K)."""
+    return jnp.linalg.slogdet(A)[1], jnp.linalg.solve(A, b[..., None])[..., 0]
 
 
 def run_pointwise(theta, run: RunPrepared) -> tuple[dict, jax.Array]:
@@ -96,8 +97,7 @@ def run_pointwise(theta, run: RunPrepared) -> tuple[dict, jax.Array]:
         eDe = rDr - 2.0 * jnp.sum(E * mi, axis=1) + jnp.sum(mi * Lm, axis=1)  # e^T D^-1 e
         t = E - Lm  # W^T D^-1 e
         IQL = eye - jnp.einsum("ikl,ilm->ikm", Qi, Lam)
-        _, logdet = jnp.linalg.slogdet(IQL)
-        sol = jnp.linalg.solve(IQL, jnp.einsum("ikl,il->ik", Qi, t)[..., None])[..., 0]
+        logdet, sol = linalg.per_item_on_cpu(_logdet_and_solve, IQL, jnp.einsum("ikl,il->ik", Qi, t))
         quad = eDe + jnp.sum(t * sol, axis=1)
         out[sl.key] = -0.5 * (F * _LOG_2PI + logD - logdet + quad)
     return out, event

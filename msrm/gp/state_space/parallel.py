@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..linalg import per_item_on_cpu
 from .filter import bank_matrices, group_readouts, initial_state, node_arrays, slot_information, transition_blocks
 from .prepare import RunTables
 
@@ -190,8 +191,8 @@ def run_loglik_parallel(theta, run):
     move = jnp.asarray(t.predict[:-1])[:, None, None]  # sub-step t-1 predicts -> element t uses (F, Qa)
     Ft = jnp.where(move, F[None], jnp.eye(F.shape[0])[None])
     Qt = jnp.where(move, Qa[None], 0.0)
-    rest = jax.vmap(_element)(Ft, Qt, B[1:], Lb[1:], e[1:])
+    rest = per_item_on_cpu(_element, Ft, Qt, B[1:], Lb[1:], e[1:], batched=False)
     elems = jax.tree_util.tree_map(lambda a, r: jnp.concatenate([a[None], r]), first, rest)
-    out = lax.associative_scan(combine, elems)
+    out = lax.associative_scan(lambda ei, ej: per_item_on_cpu(combine, ei, ej), elems)
     total = out[5][-1]
     return -0.5 * const + total, jnp.sum(~jnp.isfinite(out[5])).astype(jnp.int32)
