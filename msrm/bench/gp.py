@@ -6,7 +6,7 @@ All in one process, float64, warm medians after compilation with outputs synchro
 experiment          what is measured
 ==================  ==================================================================================
 value_and_grad      ``GPMSRM.value_and_grad`` (grouped) per K, beside the floor: POTRF+POTRI of an SPD matrix
-                    of the same dimension N K (SciPy LAPACK at msrm's BLAS threads on the CPU platform; JAX
+                    of the same dimension N K, the two called alternately (SciPy LAPACK at msrm's BLAS threads on the CPU platform; JAX
                     Cholesky + triangular inverse on an accelerator); ``ratio_to_floor`` (target <= 2) and
                     peak memory of the call.
 parts               the stages of one evaluation at the smallest K: sufficient statistics, covariance assembly
@@ -38,8 +38,8 @@ from ..runtime import execution_info, physical_cores
 from .measure import PeakMemory, warm_median
 from .rows import make_row, write_rows
 
-__all__ = ["NOTEBOOK", "PROFILES", "build_case", "floor_seconds", "value_and_grad_rows", "parts_rows",
-           "feature_sweep_rows", "threads_rows", "host_memory_rows", "fingerprint_rows", "run"]
+__all__ = ["NOTEBOOK", "PROFILES", "build_case", "floor_function", "side_by_side", "value_and_grad_rows",
+           "parts_rows", "feature_sweep_rows", "threads_rows", "host_memory_rows", "fingerprint_rows", "run"]
 
 NOTEBOOK = "gp_grouped"
 
@@ -78,14 +78,19 @@ def _build_case(cfg: dict, n_factors: int, n_features: int | None, seed: int):
     return model, model.unconstrain(truth.params), truth
 
 
-def floor_seconds(n: int, repeats: int, seed: int = 0) -> tuple[float, list[float], str]:
-    """Median seconds of POTRF+POTRI at dimension n: (median, samples, method)."""
+def floor_function(n: int, seed: int = 0) -> tuple[Any, str]:
+    """``(fn, method)``: one call of ``fn()`` is POTRF+POTRI at dimension ``n``, the floor of a value+gradient.
+
+    On the CPU platform: SciPy LAPACK at msrm's BLAS threads on a Fortran-ordered SPD matrix (so that no
+    transposing copy is timed; POTRF copies its input once, as the likelihood's own callback does). Elsewhere:
+    JAX Cholesky and a triangular inverse, outputs synchronised by the caller.
+    """
     import jax
 
     from .. import runtime
     from .linalg import spd_matrix
 
-    M = spd_matrix(n, seed)
+    M = np.asfortranarray(spd_matrix(n, seed))
     if jax.default_backend() == "cpu":
         from scipy.linalg import lapack
         from threadpoolctl import threadpool_limits
@@ -95,8 +100,7 @@ def floor_seconds(n: int, repeats: int, seed: int = 0) -> tuple[float, list[floa
                 U, _ = lapack.dpotrf(M, lower=0, clean=1, overwrite_a=0)
                 lapack.dpotri(U, lower=0, overwrite_c=1)
 
-        med, times = warm_median(fn, repeats=repeats)
-        return med, times, f"scipy dpotrf+dpotri, {runtime.blas_threads()} BLAS threads"
+        return fn, f"scipy dpotrf+dpotri, {runtime.blas_threads()} BLAS threads"
     import jax.numpy as jnp
     import jax.scipy.linalg as jsl
 
@@ -108,8 +112,23 @@ def floor_seconds(n: int, repeats: int, seed: int = 0) -> tuple[float, list[floa
         Li = jsl.solve_triangular(L, jnp.eye(A.shape[0], dtype=A.dtype), lower=True)
         return Li.T @ Li
 
-    med, times = warm_median(lambda: chol_inv(Mj), repeats=repeats)
-    return med, times, "jax cholesky + triangular inverse"
+    return (lambda: chol_inv(Mj)), "jax cholesky + triangular inverse"
+
+
+def side_by_side(fns: dict[str, Any], repeats: int) -> dict[str, list[float]]:
+    """Wall seconds of every function in ``fns``, called in turn ``repeats`` times (one warm-up call each), so
+    that every side of a ratio sees the same state of the machine; outputs synchronised."""
+    from .measure import block
+
+    for fn in fns.values():
+        block(fn())
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            block(fn())
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def _sizes(model) -> dict:
@@ -125,15 +144,19 @@ def value_and_grad_rows(cfg, profile, info, repeats) -> list[dict]:
         model.value_and_grad(u)
         first = time.perf_counter() - t0
         with PeakMemory() as pm:
-            med, times = warm_median(lambda: model.value_and_grad(u), repeats=repeats, warmup=0)
+            model.value_and_grad(u)
         sz = dict(K=K, n_features=cfg["n_features"], profile=profile, **_sizes(model))
-        floor, ftimes, method = floor_seconds(sz["NK"], repeats)
+        floor_fn, method = floor_function(sz["NK"])
+        # the two sides alternate, so that both see the same machine state (load, caches, allocator)
+        t = side_by_side({"value_and_grad": lambda: model.value_and_grad(u), "floor": floor_fn}, repeats)
+        med, floor = float(np.median(t["value_and_grad"])), float(np.median(t["floor"]))
         rows += [
-            make_row(NOTEBOOK, "value_and_grad", "median_s", med, "s", info=info, samples=times, **sz),
+            make_row(NOTEBOOK, "value_and_grad", "median_s", med, "s", info=info, samples=t["value_and_grad"], **sz),
             make_row(NOTEBOOK, "value_and_grad", "first_call_s", first, "s", info=info, **sz),
-            make_row(NOTEBOOK, "value_and_grad", "floor_median_s", floor, "s", info=info, samples=ftimes,
+            make_row(NOTEBOOK, "value_and_grad", "floor_median_s", floor, "s", info=info, samples=t["floor"],
                      floor=method, **sz),
-            make_row(NOTEBOOK, "value_and_grad", "ratio_to_floor", med / floor, "x", info=info, target=2.0, **sz),
+            make_row(NOTEBOOK, "value_and_grad", "ratio_to_floor", med / floor, "x", info=info, target=2.0,
+                     measured="alternating calls", **sz),
         ]
         if pm.delta_bytes is not None:
             rows.append(make_row(NOTEBOOK, "value_and_grad", "peak_rss_delta_bytes", pm.delta_bytes, "bytes",
@@ -243,8 +266,10 @@ def host_memory_rows(cfg, profile, info, repeats) -> list[dict]:
         for mode in ("system", "reuse"):
             runtime.set_host_memory(mode)
             runtime.release_host_memory()
-            med[mode], times = warm_median(lambda: model.value_and_grad(u), repeats=repeats)
-            floor, ftimes, method = floor_seconds(sz["NK"], repeats)
+            floor_fn, method = floor_function(sz["NK"])
+            t = side_by_side({"value_and_grad": lambda: model.value_and_grad(u), "floor": floor_fn}, repeats)
+            times, med[mode], floor = t["value_and_grad"], float(np.median(t["value_and_grad"])), float(
+                np.median(t["floor"]))
             rows += [make_row(NOTEBOOK, "host_memory", "median_s", med[mode], "s", info=info, samples=times,
                               host_memory=mode, **sz),
                      make_row(NOTEBOOK, "host_memory", "ratio_to_floor", med[mode] / floor, "x", info=info,
