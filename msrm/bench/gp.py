@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 
 from ..runtime import execution_info, physical_cores
-from .measure import PeakMemory, warm_median
+from .measure import PeakMemory, side_by_side, warm_median
 from .rows import make_row, write_rows
 
-__all__ = ["NOTEBOOK", "PROFILES", "build_case", "floor_function", "side_by_side", "value_and_grad_rows",
+__all__ = ["NOTEBOOK", "PROFILES", "build_case", "floor_function", "value_and_grad_rows",
            "parts_rows", "feature_sweep_rows", "threads_rows", "host_memory_rows", "fingerprint_rows", "run"]
 
 NOTEBOOK = "gp_grouped"
@@ -113,22 +113,6 @@ def floor_function(n: int, seed: int = 0) -> tuple[Any, str]:
         return Li.T @ Li
 
     return (lambda: chol_inv(Mj)), "jax cholesky + triangular inverse"
-
-
-def side_by_side(fns: dict[str, Any], repeats: int) -> dict[str, list[float]]:
-    """Wall seconds of every function in ``fns``, called in turn ``repeats`` times (one warm-up call each), so
-    that every side of a ratio sees the same state of the machine; outputs synchronised."""
-    from .measure import block
-
-    for fn in fns.values():
-        block(fn())
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            block(fn())
-            times[name].append(time.perf_counter() - t0)
-    return times
 
 
 def _sizes(model) -> dict:

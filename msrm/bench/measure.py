@@ -2,6 +2,8 @@
 
 - :func:`warm_median`: run once (or more) to compile, then time repeats, synchronising JAX outputs
   (``jax.block_until_ready``) before each timer stops; returns the median and every sample.
+- :func:`side_by_side`: several functions called in turn, so that the two sides of a ratio are timed under the
+  same state of the machine.
 - :class:`PeakMemory`: peak resident memory of this process during a block (Linux: the kernel's high-water mark
   ``VmHWM`` after resetting it through ``/proc/self/clear_refs``; elsewhere a sampling thread), plus the JAX
   device allocator's peak where the device reports one (GPU). Free heap memory the process keeps for reuse is
@@ -17,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["warm_median", "PeakMemory", "block", "current_rss_bytes"]
+__all__ = ["warm_median", "side_by_side", "PeakMemory", "block", "current_rss_bytes"]
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -44,6 +46,20 @@ def warm_median(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> 
         block(fn())
         times.append(time.perf_counter() - t0)
     return statistics.median(times), times
+
+
+def side_by_side(fns: dict[Any, Callable[[], Any]], repeats: int) -> dict[Any, list[float]]:
+    """Wall seconds of every function in ``fns``, called in turn ``repeats`` times (one warm-up call each), so
+    that every side of a ratio sees the same state of the machine; outputs synchronised."""
+    for fn in fns.values():
+        block(fn())
+    times: dict[Any, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            block(fn())
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
 def _status_kb(field: str) -> int | None:

@@ -91,8 +91,7 @@ def chunk_windows(a, start, shape: ChunkShape, n_grid: int):
     n, w = a.shape
     rows = shape.n_chunks * CHUNK
     start = jnp.asarray(start, dtype=jnp.int32)
-    if rows > n:
-        a = jnp.concatenate([a, jnp.zeros((rows - n, w), a.dtype)])
+    if rows > n:  # padded rows repeat the last start (their weights are zero)
         start = jnp.concatenate([start, jnp.broadcast_to(start[-1], (rows - n,))])
     start = start.reshape(shape.n_chunks, CHUNK)
     lo = jnp.minimum(start[:, 0], n_grid - shape.span)
@@ -101,7 +100,7 @@ def chunk_windows(a, start, shape: ChunkShape, n_grid: int):
     c_idx = jnp.arange(shape.n_chunks)[:, None, None]
     r_idx = jnp.arange(CHUNK)[None, :, None]
     Ac = jnp.zeros((shape.n_chunks, CHUNK, shape.span), a.dtype).at[c_idx, r_idx, cols].add(
-        a.reshape(shape.n_chunks, CHUNK, w))
+        _pad_chunks(a, shape, axis=0))
     return Ac, lo
 
 
