@@ -1,7 +1,8 @@
-"""MCMC convergence diagnostics for many parameters at once (pure NumPy + SciPy, no JAX, no ArviZ).
+"""MCMC convergence diagnostics for many parameters at once (NumPy + SciPy, compiled by Numba when installed;
+no JAX, no ArviZ).
 
 The numbers are ArviZ 0.23's definitions (``arviz.rhat``, ``arviz.ess``, ``arviz.mcse``; Vehtari et al. 2021,
-arXiv:1903.08008), computed for a whole block of parameters per NumPy call instead of one parameter at a time.
+arXiv:1903.08008), computed for blocks of parameters instead of one parameter at a time through ArviZ.
 For draws ``x`` of one parameter, shape (C chains, D draws), with ``h = D // 2``:
 
 * split: ``x_s`` (2C, h) stacks the first ``h`` and the last ``h`` draws of every chain (the middle draw of an odd
@@ -15,9 +16,19 @@ For draws ``x`` of one parameter, shape (C chains, D draws), with ``h = D // 2``
   sequence of the autocorrelations ``rho_t = 1 - (W - mean_c acov_c(t)) / var_plus``;
 * ``ess_bulk = ess(z(x_s))``; ``ess_tail = min(ess(split(x <= q05)), ess(split(x <= q95)))`` with type-7
   quantiles of all ``C D`` draws; ``mcse_mean = sd(x) / sqrt(ess(x_s))``;
-  ``mcse_sd = sqrt((mean(c^4) - mean(c^2)^2) / ess(split(c^2)) / mean(c^2) / 4)`` with ``c = x - mean(x)``.
+  ``mcse_sd = sqrt((mean(c^4) - mean(c^2)^2) / ess(split(c^2)) / mean(c^2) / 4)`` with ``c = x - mean(x)``;
+* a parameter with a non-finite draw gets NaN for every column but ``mean`` (ArviZ agrees for NaN; for an
+  infinite draw it still ranks the draws and reports R-hat and ESS, which this module does not).
 
-Vectorisation and speed (exact throughout, float64 only):
+Two engines compute these numbers, both exact (float64 throughout) and both tested against ArviZ itself:
+
+* ``"numba"`` (the default when Numba is installed, as with the ``bayes`` extra): :mod:`msrm._diag_kernels`
+  does one compiled pass per parameter (a bucket sort finished by exact comparisons, a linear merge for the
+  folded ranks, autocovariances summed lag by lag only as far as Geyer's sequence runs) and hands the rare
+  variable whose sequence runs past a few dozen lags to the FFT path below;
+* ``"numpy"``: whole blocks of parameters per NumPy call, as follows.
+
+Vectorisation and speed of the NumPy engine:
 
 * ranks: one exact sort per row of split draws in two cheap passes (a radix sort of a monotone 16-bit bucket,
   then a merge sort of the nearly sorted values, :func:`_sort_rows`); the folded ranks merge the two halves of
@@ -36,6 +47,7 @@ Vectorisation and speed (exact throughout, float64 only):
 from __future__ import annotations
 
 import concurrent.futures as _futures
+import functools
 import threading as _threading
 from typing import Any, Iterable, Sequence
 
@@ -44,7 +56,7 @@ import pandas as pd
 from scipy import fft as _fft
 from scipy import special as _special
 
-__all__ = ["summarize", "diagnose_draws", "divergence_counts", "COLUMNS"]
+__all__ = ["summarize", "diagnose_draws", "divergence_counts", "COLUMNS", "ENGINES"]
 
 #: Columns of :func:`summarize`, in order.
 COLUMNS = ("mean", "sd", "q5", "q95", "mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat")
@@ -52,6 +64,27 @@ COLUMNS = ("mean", "sd", "q5", "q95", "mcse_mean", "mcse_sd", "ess_bulk", "ess_t
 _CHUNK = 64  # parameters per block at most: (64, 4000) float64 work arrays are 2 MiB, the L2 size class
 _RESOLUTION = np.finfo(float).resolution  # ArviZ's "constant draws" threshold on max - min
 _TAIL_PROBS = np.array([0.05, 0.95])
+#: ``engine`` values of :func:`diagnose_draws` and :func:`summarize`.
+ENGINES = ("auto", "numba", "numpy")
+
+
+def _kernels():
+    """The compiled kernels (:mod:`msrm._diag_kernels`), or None when Numba is not installed."""
+    try:
+        from . import _diag_kernels
+    except ImportError:
+        return None
+    return _diag_kernels
+
+
+def _resolve_engine(engine: str) -> str:
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "auto":
+        return "numba" if _kernels() is not None else "numpy"
+    if engine == "numba" and _kernels() is None:
+        raise ImportError("engine='numba' needs Numba (pip install 'msrm[bayes]'); engine='numpy' needs nothing")
+    return engine
 
 
 # --------------------------------------------------------------------------------------------- scratch
@@ -75,11 +108,15 @@ def _scratch(store: dict | None, name: str, shape: tuple, dtype=np.float64) -> n
 # --------------------------------------------------------------------------------------------- ranks
 
 
+@functools.lru_cache(maxsize=8)
 def _z_table(n: int) -> np.ndarray:
-    """``Phi^{-1}((r - 3/8) / (n - 3/4 + 1))`` for the ranks r = 1, 1.5, 2, ..., n (index ``2 r - 2``)."""
+    """``Phi^{-1}((r - 3/8) / (n - 3/4 + 1))`` for the ranks r = 1, 1.5, 2, ..., n (index ``2 r - 2``); read-only,
+    cached per ``n``."""
     ranks = np.arange(2, 2 * n + 1) / 2.0
     c = 3 / 8
-    return _special.ndtri((ranks - c) / (n - 2 * c + 1))
+    table = _special.ndtri((ranks - c) / (n - 2 * c + 1))
+    table.flags.writeable = False
+    return table
 
 
 def _z_sorted(s: np.ndarray, table: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -503,6 +540,48 @@ def _diagnose_block(x: np.ndarray, workers: int = 1, store: dict | None = None) 
     return out
 
 
+def _diagnose_block_compiled(x: np.ndarray, store: dict | None = None) -> dict[str, np.ndarray]:
+    """:func:`_diagnose_block` through the compiled kernels: the same columns, for a block ``x`` (P, C, D)."""
+    P, C, D = x.shape
+    if D < 4:  # only mean and sd are defined: nothing to compile for
+        return _diagnose_block(x, store=store)
+    K = _kernels()
+    h = D // 2
+    R = 2 * C
+    stats = _scratch(store, "k_stats", (P, K.N_STATS))
+    ess = _scratch(store, "k_ess", (P, K.N_VARS))
+    pending = _scratch(store, "k_pending", (P, K.N_VARS), np.bool_)
+    finite = _scratch(store, "k_finite", (P,), np.bool_)
+    pending_rows = _scratch(store, "k_pending_rows", (P * K.N_VARS, R, h))  # touched only for pending variables
+    pending_means = _scratch(store, "k_pending_means", (P * K.N_VARS, R))
+    n_pending = K.diagnose_block(x, _z_table(R * h), _TAIL_PROBS, stats, ess, pending, pending_rows,
+                                 pending_means, finite)
+    if n_pending:  # long autocorrelations: every lag from one full-length FFT per row
+        rows = pending_rows[:n_pending]
+        cmv = np.var(pending_means[:n_pending], axis=1, ddof=1) if R > 1 else np.zeros(n_pending)
+        ess[pending] = _geyer(_mean_acov(rows, _fft_len(h)[1]), cmv, h, R * h)[0]  # row-major = kernel's order
+
+    out = {name: np.full(P, np.nan) for name in COLUMNS}
+    ok = finite
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["mean"][ok] = stats[ok, K.MEAN]
+        out["sd"][ok] = np.sqrt(stats[ok, K.VAR])
+        out["q5"][ok] = stats[ok, K.Q05]
+        out["q95"][ok] = stats[ok, K.Q95]
+        out["r_hat"][ok] = stats[ok, K.RHAT]
+        out["mcse_mean"][ok] = np.sqrt(stats[ok, K.VAR] / ess[ok, 3])
+        evar = stats[ok, K.EVAR]
+        out["mcse_sd"][ok] = np.sqrt((stats[ok, K.M4] - evar**2) / ess[ok, 4] / evar / 4)
+        out["ess_bulk"][ok] = ess[ok, 0]
+        out["ess_tail"][ok] = _min_like_python(ess[ok, 1], ess[ok, 2])
+        bad = np.flatnonzero(~ok)
+        if bad.size:  # a non-finite draw: mean and sd as NumPy gives them, the rest NaN (as ArviZ)
+            flat = x[bad].reshape(bad.size, -1)
+            out["mean"][bad] = flat.mean(axis=1)
+            out["sd"][bad] = flat.std(axis=1, ddof=1)
+    return out
+
+
 # --------------------------------------------------------------------------------------------- drivers
 
 
@@ -513,18 +592,20 @@ def _default_threads() -> int:
 
 
 def diagnose_draws(
-    draws: np.ndarray, *, block_size: int = 256, num_threads: int | None = None
+    draws: np.ndarray, *, block_size: int = 256, num_threads: int | None = None, engine: str = "auto"
 ) -> dict[str, np.ndarray]:
     """Diagnostics of every parameter of ``draws`` (chains, draws, params) -> dict column -> (params,).
 
     Args:
         draws: (C, D, P) float array (a (C, D) array is one parameter).
-        block_size: most parameters per vectorised block; blocks are further capped at a cache-sized
-            ``_CHUNK`` (64) parameters, where the working set stays near the CPU caches (the temporary memory
-            is about 60 C D bytes per parameter of a block and thread, re-used from block to block).
-        num_threads: blocks diagnosed concurrently on a thread pool (NumPy and SciPy release the GIL in sorts,
-            FFTs and elementwise kernels); default :func:`msrm.runtime.blas_threads`. With fewer blocks than
-            threads the spare threads go to the FFTs (``scipy.fft`` ``workers``).
+        block_size: most parameters per block; blocks are further capped at a cache-sized ``_CHUNK`` (64)
+            parameters, where the working set stays near the CPU caches (the NumPy engine's temporary memory is
+            about 60 C D bytes per parameter of a block and thread, re-used from block to block).
+        num_threads: blocks diagnosed concurrently on a thread pool (the compiled kernels, NumPy's sorts, FFTs
+            and elementwise kernels release the GIL); default :func:`msrm.runtime.blas_threads`. With fewer
+            blocks than threads the NumPy engine gives the spare threads to its FFTs (``scipy.fft`` ``workers``).
+        engine: ``"numba"`` (compiled kernels), ``"numpy"``, or ``"auto"``: Numba when it is installed. Both give
+            ArviZ's numbers (module docstring).
     """
     draws = np.asarray(draws)
     if draws.ndim == 2:
@@ -535,6 +616,7 @@ def diagnose_draws(
         raise ValueError(f"draws must be numeric, got dtype {draws.dtype}")
     if block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    engine = _resolve_engine(engine)
     C, D, P = draws.shape
     threads = _default_threads() if num_threads is None else int(num_threads)
     if threads < 1:
@@ -544,6 +626,9 @@ def diagnose_draws(
     starts = list(range(0, P, step))
     pool_threads = max(1, min(threads, len(starts)))
     fft_workers = max(1, threads // pool_threads)  # threads left over when there are fewer blocks than threads
+    compiled = engine == "numba"
+    # the compiled transpose reads float64 C-ordered draws in place; anything else is cast block by block
+    gather = _kernels().gather_block if compiled and draws.dtype == np.float64 and draws.flags.c_contiguous else None
 
     stores: dict[int, dict] = {}  # per thread: buffers re-used from block to block, dropped on return
 
@@ -551,8 +636,14 @@ def diagnose_draws(
         p1 = min(P, p0 + step)
         store = stores.setdefault(_threading.get_ident(), {})
         block = _scratch(store, "block", (p1 - p0, C, D))
-        np.copyto(block, np.moveaxis(draws[:, :, p0:p1], 2, 0), casting="unsafe")
-        res = _diagnose_block(block, workers=fft_workers, store=store)
+        if gather is not None:
+            gather(draws, p0, block)
+        else:
+            np.copyto(block, np.moveaxis(draws[:, :, p0:p1], 2, 0), casting="unsafe")
+        if compiled:
+            res = _diagnose_block_compiled(block, store=store)
+        else:
+            res = _diagnose_block(block, workers=fft_workers, store=store)
         for name in COLUMNS:
             out[name][p0:p1] = res[name]
 
@@ -633,6 +724,7 @@ def summarize(
     *,
     block_size: int = 256,
     num_threads: int | None = None,
+    engine: str = "auto",
 ) -> pd.DataFrame:
     """One row per scalar parameter: mean, sd, q5, q95, mcse_mean, mcse_sd, ess_bulk, ess_tail, r_hat.
 
@@ -640,7 +732,7 @@ def summarize(
         data: an ArviZ ``InferenceData`` (its ``posterior`` group), a dict name -> (chains, draws, ...) array, or
             one array (chains, draws) / (chains, draws, params...).
         var_names: posterior variables to include (default: all).
-        block_size, num_threads: see :func:`diagnose_draws`.
+        block_size, num_threads, engine: see :func:`diagnose_draws`.
 
     Returns:
         DataFrame indexed by parameter label (``name[coord, ...]`` as ArviZ labels rows). The numbers equal
@@ -653,7 +745,7 @@ def summarize(
     blocks = _posterior_blocks(data, var_names)
     frames = []
     for _name, arr, labels in blocks:
-        cols = diagnose_draws(arr, block_size=block_size, num_threads=num_threads)
+        cols = diagnose_draws(arr, block_size=block_size, num_threads=num_threads, engine=engine)
         frames.append(pd.DataFrame({c: cols[c] for c in COLUMNS}, index=pd.Index(labels)))
     df = pd.concat(frames) if frames else pd.DataFrame(columns=list(COLUMNS))
     div = divergence_counts(data)

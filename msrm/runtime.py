@@ -287,6 +287,7 @@ def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
         "jaxlib": _version("jaxlib"),
         "numpyro": _version("numpyro"),
         "arviz": _version("arviz"),
+        "numba": _version("numba"),
         "cpu_model": _cpu_model(),
         "physical_cores": physical_cores(),
         "logical_cpus": os.cpu_count(),

@@ -1,6 +1,7 @@
 """msrm.diagnostics against ArviZ 0.23 itself (the slow, obviously correct reference), parameter by parameter."""
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 
@@ -10,6 +11,9 @@ import pytest
 from msrm import diagnostics as diag
 
 az = pytest.importorskip("arviz")
+
+#: every engine installed here: the compiled kernels (Numba) and the NumPy blocks, each checked against ArviZ
+ENGINES = ["numpy"] + (["numba"] if diag._kernels() is not None else [])
 
 
 def _ar1(rng, C, D, P, phi):
@@ -22,13 +26,27 @@ def _ar1(rng, C, D, P, phi):
 
 
 def _scalar(v):
-    return float(np.asarray(getattr(v, "x", v)))
+    return float(np.asarray(getattr(v, "x", v)).reshape(-1)[0])  # ArviZ's Numba paths return shape (1,)
+
+
+@contextlib.contextmanager
+def _arviz_without_numba():
+    """ArviZ's plain NumPy definitions. With Numba installed ArviZ switches to its Numba helpers, and ArviZ 0.23's
+    ``mcse(method="sd")`` on a bare (chains, draws) array then calls ``float`` on a shape-(1,) array, which
+    NumPy 2.4 refuses."""
+    was = az.Numba.numba_flag
+    az.Numba.disable_numba()
+    try:
+        yield
+    finally:
+        if was:
+            az.Numba.enable_numba()
 
 
 def _arviz_columns(x):
     """ArviZ's own functions, one parameter at a time."""
     P = x.shape[2]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _arviz_without_numba():
         warnings.simplefilter("ignore")
         return {
             "r_hat": np.array([_scalar(az.rhat(x[:, :, p])) for p in range(P)]),
@@ -62,29 +80,36 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("C,D,P,phi", CASES)
-def test_equals_arviz_per_parameter(C, D, P, phi):
+def test_equals_arviz_per_parameter(C, D, P, phi, engine):
     rng = np.random.default_rng([C, D, P, int(1000 * phi) % 1000])
     x = _ar1(rng, C, D, P, phi)
     x[:, :, 0] = 1.5  # constant parameter: ESS = size, R-hat NaN, mcse_sd NaN (ArviZ's handling)
     x[:, :, 1] = np.round(x[:, :, 1])  # heavy ties: average ranks
     x[:, :, 2] = np.where(x[:, :, 2] > 0, 1.0, 0.0)  # two values only
-    ours = diag.diagnose_draws(x, block_size=4, num_threads=2)
+    ours = diag.diagnose_draws(x, block_size=4, num_threads=2, engine=engine)
     _assert_same(ours, _arviz_columns(x))
     np.testing.assert_allclose(ours["mean"], x.mean(axis=(0, 1)), rtol=1e-12)
 
 
-def test_nan_draws_give_nan_like_arviz():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_nan_draws_give_nan_like_arviz(engine):
     rng = np.random.default_rng(3)
-    x = _ar1(rng, 2, 30, 3, 0.2)
+    x = _ar1(rng, 2, 30, 4, 0.2)
     x[1, 5, 1] = np.nan
-    ours = diag.diagnose_draws(x)
-    ref = _arviz_columns(x)
-    _assert_same(ours, ref)
+    ours = diag.diagnose_draws(x, engine=engine)
+    ref = _arviz_columns(x[:, :, :3])
+    _assert_same({k: v[:3] for k, v in ours.items()}, ref)
     assert np.isnan(ours["ess_bulk"][1]) and np.isfinite(ours["ess_bulk"][0])
+    # an infinite draw: documented NaN for every diagnostic (ArviZ ranks it and reports finite R-hat and ESS)
+    x[0, 2, 3] = np.inf
+    inf = diag.diagnose_draws(x, engine=engine)
+    assert inf["mean"][3] == np.inf and all(np.isnan(inf[c][3]) for c in diag.COLUMNS if c != "mean")
 
 
-def test_summary_columns_equal_arviz_summary_on_inference_data():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_summary_columns_equal_arviz_summary_on_inference_data(engine):
     rng = np.random.default_rng(7)
     beta = _ar1(rng, 4, 60, 6, 0.4).reshape(4, 60, 2, 3)
     scale = np.exp(_ar1(rng, 4, 60, 1, 0.7)[:, :, 0])
@@ -97,7 +122,7 @@ def test_summary_columns_equal_arviz_summary_on_inference_data():
         coords={"feature": ["a", "b"], "factor": [0, 1, 2]},
         dims={"beta": ["feature", "factor"]},
     )
-    ours = diag.summarize(idata)
+    ours = diag.summarize(idata, engine=engine)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ref = az.summary(idata, round_to="none")
@@ -135,15 +160,17 @@ def test_array_and_dict_inputs_and_errors():
         diag.diagnose_draws(x, block_size=0)
     with pytest.raises(ValueError, match="summarize needs"):
         diag.summarize("not draws")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        diag.diagnose_draws(x, engine="fortran")
 
 
-def test_does_not_import_jax():
+def test_does_not_import_jax_or_numba():
     assert "jax" not in diag.__dict__
     import subprocess
 
-    code = "import msrm.diagnostics, sys; print('jax' in sys.modules)"
+    code = "import msrm.diagnostics, sys; print('jax' in sys.modules, 'numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False False"  # Numba is imported on the first compiled call only
 
 
 def test_normal_scores_with_ties_equal_scipy_rankdata():
@@ -204,7 +231,8 @@ def test_folded_scores_equal_scipy_rankdata(n):
     np.testing.assert_array_equal(got, want)
 
 
-def test_many_blocks_and_threads_equal_arviz():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_many_blocks_and_threads_equal_arviz(engine):
     """Several blocks per thread (buffers re-used between blocks) with odd parameters scattered through them."""
     rng = np.random.default_rng(17)
     C, D, P = 4, 200, 150
@@ -216,7 +244,7 @@ def test_many_blocks_and_threads_equal_arviz():
     x[2, 17, 130] = np.nan  # a non-finite parameter in the last block
     ref = _arviz_columns(x)
     for threads, block in ((2, 256), (1, 32), (3, 7)):
-        ours = diag.diagnose_draws(x, block_size=block, num_threads=threads)
+        ours = diag.diagnose_draws(x, block_size=block, num_threads=threads, engine=engine)
         _assert_same(ours, ref)
         np.testing.assert_allclose(ours["sd"], x.reshape(C * D, P).std(axis=0, ddof=1), rtol=1e-12)
 
@@ -228,3 +256,77 @@ def test_one_block_uses_threaded_fft_and_agrees():
     two = diag.diagnose_draws(x, num_threads=2)  # a single block: the spare thread goes to the FFTs
     for name in diag.COLUMNS:
         np.testing.assert_allclose(two[name], one[name], rtol=1e-12, err_msg=name)
+
+
+needs_numba = pytest.mark.skipif(diag._kernels() is None, reason="Numba not installed")
+
+
+@needs_numba
+def test_compiled_sort_is_exact():
+    """The bucket sort against NumPy's on awkward rows, and on crowded buckets (heavy tails, one far outlier)."""
+    K = diag._kernels()
+    rng = np.random.default_rng(31)
+    for n in (8, 1000, 4000):
+        rows = list(_awkward_rows(rng, n))
+        outlier = rng.standard_normal(n)
+        outlier[3] = 1e6  # every other value in the first bucket or two
+        rows += [outlier, rng.standard_cauchy(n), np.sort(rng.standard_normal(n))[::-1].copy()]
+        for v in rows:
+            order, s = np.empty(n, np.int64), np.empty(n)
+            K._argsort_exact(v, order, s, np.empty(2 * n + 1, np.int64), np.empty(n, np.int64))
+            np.testing.assert_array_equal(s, np.sort(v))
+            np.testing.assert_array_equal(v[order], s)
+            np.testing.assert_array_equal(np.sort(order), np.arange(n))
+
+
+@needs_numba
+@pytest.mark.parametrize("n", [8, 10, 1000, 4000])
+def test_compiled_folded_scores_equal_scipy_rankdata(n):
+    """The two-ended merge gives the ranks of ``|x - median|`` exactly, ties included."""
+    from scipy import special, stats
+
+    K = diag._kernels()
+    rng = np.random.default_rng(n + 1)
+    rows = np.vstack([_awkward_rows(rng, n), rng.standard_normal((20, n)),
+                      np.where(rng.random((4, n)) < 0.5, 0.0, 1.0)])  # two values: every folded value tied
+    table = diag._z_table(n)
+    for v in rows:
+        order = np.argsort(v, kind="stable")
+        s = v[order]
+        med = np.median(v)
+        fv, fpos, got = np.empty(n), np.empty(n, np.int64), np.empty(n)
+        K._fold(s, order, med, fv, fpos)
+        np.testing.assert_array_equal(np.sort(fpos), np.arange(n))  # every draw once
+        np.testing.assert_array_equal(fv, np.abs(v[fpos] - med))
+        K._scores_to(fv, fpos, table, got)
+        want = special.ndtri((stats.rankdata(np.abs(v - med), method="average") - 3 / 8) / (n - 3 / 4 + 1))
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_numba
+def test_compiled_engine_hands_long_autocorrelations_to_the_fft():
+    """Strongly autocorrelated chains run past the direct lags: their ESS comes from the FFT path, still exact."""
+    K = diag._kernels()
+    rng = np.random.default_rng(41)
+    x = _ar1(rng, 4, 600, 6, np.array([0.0, 0.5, 0.95, 0.99, 0.995, -0.7]))
+    block = np.ascontiguousarray(np.moveaxis(x, 2, 0))
+    P, C, D = block.shape
+    R, h = 2 * C, D // 2
+    pending = np.empty((P, K.N_VARS), bool)
+    n = K.diagnose_block(block, diag._z_table(R * h), diag._TAIL_PROBS, np.empty((P, K.N_STATS)),
+                         np.empty((P, K.N_VARS)), pending, np.empty((P * K.N_VARS, R, h)),
+                         np.empty((P * K.N_VARS, R)), np.empty(P, bool))
+    assert n == pending.sum() and pending[3:5].any() and not pending[0].any()
+    _assert_same(diag.diagnose_draws(x, engine="numba"), _arviz_columns(x))
+
+
+@needs_numba
+def test_engines_agree_on_float32_and_strided_draws():
+    """Non-float64 or non-contiguous draws take the NumPy copy into the block; both engines agree."""
+    rng = np.random.default_rng(43)
+    x = _ar1(rng, 3, 80, 10, 0.6)
+    for draws in (x.astype(np.float32), x[:, :, ::2], np.asfortranarray(x)):
+        a = diag.diagnose_draws(draws, engine="numba")
+        b = diag.diagnose_draws(draws, engine="numpy")
+        for name in diag.COLUMNS:
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-10, err_msg=name)

@@ -1,10 +1,13 @@
 """Posterior diagnostics at the note's scale: msrm.diagnostics beside ArviZ on the same draws, in one process.
 
-The note's diagnostics phase took 70-100 s for 15 draws over 57,757 parameters through ArviZ. Here both
+The note's diagnostics phase took 70-100 s for 15 draws over 57,757 parameters through ArviZ. Here the
 implementations see identical seeded draws (AR(1) chains whose autocorrelation varies by parameter, so ESS and
 R-hat are not trivial): ``msrm.diagnostics.summarize`` on every parameter, ``arviz.summary`` on every parameter or,
 where that would take too long for the profile, on a leading subset, reported per parameter. The subset also yields
-the largest relative difference between the two (an agreement fingerprint, expected <= 1e-8).
+the largest relative difference between the two (an agreement fingerprint, expected <= 1e-8). ``msrm_seconds`` is
+the default engine (the compiled kernels when Numba is installed); the NumPy engine is timed beside it on the same
+draws (``msrm_numpy_engine_seconds``), and the first call of the default engine, which compiles the kernels or
+loads them from Numba's cache, is recorded on its own (``msrm_first_call_seconds``).
 """
 from __future__ import annotations
 
@@ -79,18 +82,41 @@ def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: 
         def row(metric, value, unit, **extra):
             rows.append(make_row(NOTEBOOK, "diagnostics", metric, value, unit, info=info, **common, **extra))
 
-        diag.summarize(x[:, :, : min(P, 256)])  # warm the code paths (imports, FFT plans)
+        engine = diag._resolve_engine("auto")
+        impl = f"msrm.diagnostics[{engine}]"
+        t0 = time.perf_counter()
+        diag.summarize(x[:, :, : min(P, 256)])  # warm the code paths (kernel compilation or cache, FFT plans)
+        row("msrm_first_call_seconds", time.perf_counter() - t0, "s", implementation=impl, engine=engine,
+            warm_params=min(P, 256))
         with PeakMemory() as mem:
             t0 = time.perf_counter()
             ours = diag.summarize(x)
             ours_s = time.perf_counter() - t0
-        row("msrm_seconds", ours_s, "s", implementation="msrm.diagnostics")
-        row("msrm_seconds_per_param", ours_s / P, "s", implementation="msrm.diagnostics")
+        row("msrm_seconds", ours_s, "s", implementation=impl, engine=engine)
+        row("msrm_seconds_per_param", ours_s / P, "s", implementation=impl, engine=engine)
         if mem.delta_bytes is not None:
-            row("msrm_peak_memory_delta", mem.delta_bytes, "bytes", implementation="msrm.diagnostics",
+            row("msrm_peak_memory_delta", mem.delta_bytes, "bytes", implementation=impl, engine=engine,
                 memory_method=mem.method)
         if case == "target":
-            row("msrm_seconds_over_target", ours_s / TARGET_S, "x", target_s=TARGET_S)
+            row("msrm_seconds_over_target", ours_s / TARGET_S, "x", target_s=TARGET_S, engine=engine)
+        if engine != "numpy":  # the NumPy engine on the same draws, for the compiled kernels' speed-up
+            diag.summarize(x[:, :, : min(P, 256)], engine="numpy")
+            t0 = time.perf_counter()
+            alt = diag.summarize(x, engine="numpy")
+            alt_s = time.perf_counter() - t0
+            row("msrm_numpy_engine_seconds", alt_s, "s", implementation="msrm.diagnostics[numpy]", engine="numpy")
+            row("numpy_engine_over_default", alt_s / ours_s, "x", engine=engine)
+            cols = ["mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat"]
+            a, b = ours[cols].to_numpy(), alt[cols].to_numpy()
+            same_nan = np.array_equal(np.isnan(a), np.isnan(b))
+            ok = ~np.isnan(b)
+            if same_nan:
+                row("max_rel_diff_engines", float(np.max(np.abs(a[ok] - b[ok]) / np.abs(b[ok]), initial=0.0)), "",
+                    engine=engine)
+            else:
+                rows.append(make_row(NOTEBOOK, "diagnostics", "max_rel_diff_engines", None, "", status="error",
+                                     info=info, **common, engine=engine, error="NaN patterns differ"))
+            del alt
 
         n_az = P if cfg["arviz_params"] is None else min(P, cfg["arviz_params"])
         _arviz_summary(x[:, :, :2])  # warm ArviZ too (lazy imports, ufunc set-up)

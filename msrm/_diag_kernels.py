@@ -1,0 +1,483 @@
+"""Compiled (Numba) kernels behind :mod:`msrm.diagnostics`: one pass per parameter, no per-call temporaries.
+
+Everything a parameter needs except the rare long autocovariances is computed in one compiled loop over the
+parameters of a block: the exact order of its split draws (a bucket sort finished by exact comparisons), the
+normal scores of the draws and of the folded draws (a linear merge of the two sorted halves around the median),
+the type-7 quantiles, the R-hat moments, the five ESS variables centred per split chain, and Geyer's initial
+monotone sequence on autocovariances computed lag by lag (direct sums) for as long as the sequence runs. A
+variable whose sequence runs past :data:`MAX_DIRECT_LAG` lags is handed back with its centred rows for the FFT
+path of :mod:`msrm.diagnostics`, so every result is exact whatever the autocorrelation.
+
+The module is imported only when Numba is installed (the ``bayes`` extra); :mod:`msrm.diagnostics` falls back to
+its NumPy path without it. The kernels release the GIL, so blocks run concurrently on a thread pool.
+"""
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+__all__ = ["MAX_DIRECT_LAG", "gather_block", "diagnose_block"]
+
+#: Direct autocovariance sums stop here: past it, one FFT per row costs less than further lags.
+MAX_DIRECT_LAG = 48
+_INSERTION_MAX = 24  # buckets up to this size are finished by insertion sort, larger ones by np.argsort
+_RESOLUTION = np.finfo(np.float64).resolution
+
+# indices of the per-parameter results (rows of ``stats``)
+MEAN, VAR, Q05, Q95, RHAT, EVAR, M4 = range(7)
+N_STATS = 7
+N_VARS = 5  # ESS variables: bulk scores, x <= q05, x <= q95, split draws, split squared deviations
+
+_opts = dict(nogil=True, cache=True, error_model="numpy")  # x / 0 gives inf or NaN, as in NumPy
+#: Sums may be reassociated (vectorised): only the order of float additions changes, by a few ulps; no other
+#: fast-math licence (the inputs are finite, but NaN and infinity checks must keep their meaning).
+_SUMS = {"reassoc", "contract"}
+
+
+@nb.njit(**_opts)
+def gather_block(draws, p0, out):
+    """``out[p, c, d] = draws[c, d, p0 + p]`` for a C-contiguous float64 ``draws`` (C, D, P), tile by tile."""
+    C, D, _ = draws.shape
+    Pb = out.shape[0]
+    tile = 16
+    for c in range(C):
+        for d0 in range(0, D, tile):
+            d1 = min(D, d0 + tile)
+            for p in range(Pb):
+                for d in range(d0, d1):
+                    out[p, c, d] = draws[c, d, p0 + p]
+
+
+@nb.njit(**_opts)
+def _argsort_exact(v, order, s, counts, bucket):
+    """Ascending order of ``v`` (n,) into ``order`` (int64) and the sorted values into ``s``.
+
+    A counting sort on the monotone bucket ``floor((v - min) (2n - 1) / (max - min))`` (about two buckets per
+    value) leaves only values that share a bucket out of order; one insertion pass over the whole array then
+    orders them by exact comparisons. Crowded buckets (heavy tails put most draws in a few) are first ordered by
+    ``np.argsort``, so the cost stays O(n log n) whatever the distribution. The bucket decides only the speed,
+    never the result. Scratch: ``counts`` (2n + 1,) int64, ``bucket`` (n,) int64.
+    """
+    n = v.size
+    lo = v[0]
+    hi = v[0]
+    for i in range(1, n):
+        x = v[i]
+        lo = min(lo, x)
+        hi = max(hi, x)
+    nbk = 2 * n
+    width = hi - lo
+    scale = (nbk - 1) / width if width > 0 else 0.0
+    if not (np.isfinite(scale) and np.isfinite(width)):  # max - min overflows, or a subnormal range
+        idx = np.argsort(v, kind="mergesort")
+        for i in range(n):
+            order[i] = idx[i]
+            s[i] = v[idx[i]]
+        return
+    for i in range(n):
+        bucket[i] = min(int((v[i] - lo) * scale), nbk - 1)
+    for k in range(nbk + 1):
+        counts[k] = 0
+    crowded = 0
+    for i in range(n):
+        counts[bucket[i] + 1] += 1
+    for k in range(nbk):
+        crowded = max(crowded, counts[k + 1])
+        counts[k + 1] += counts[k]
+    for i in range(n):  # counts[b]: next free slot of bucket b
+        b = bucket[i]
+        j = counts[b]
+        order[j] = i
+        s[j] = v[i]
+        counts[b] = j + 1
+    if crowded > _INSERTION_MAX:  # counts[b] is now the end of bucket b
+        start = 0
+        for b in range(nbk):
+            end = counts[b]
+            if end - start > _INSERTION_MAX:
+                seg = s[start:end].copy()
+                segi = order[start:end].copy()
+                idx = np.argsort(seg, kind="mergesort")
+                for k in range(end - start):
+                    s[start + k] = seg[idx[k]]
+                    order[start + k] = segi[idx[k]]
+            start = max(start, end)
+    for k in range(1, n):
+        x = s[k]
+        if x < s[k - 1]:
+            o = order[k]
+            m = k - 1
+            while m >= 0 and s[m] > x:
+                s[m + 1] = s[m]
+                order[m + 1] = order[m]
+                m -= 1
+            s[m + 1] = x
+            order[m + 1] = o
+
+
+@nb.njit(**_opts)
+def _scores_to(sorted_vals, pos, table, out):
+    """``out[pos[i]]`` = normal score of the i-th smallest value; a tie group at ``a..b`` gets ``table[a + b]``
+    (its average rank ``(a + b)/2 + 1``, as ``scipy.stats.rankdata(method="average")``)."""
+    n = sorted_vals.size
+    a = 0
+    while a < n:
+        b = a
+        while b + 1 < n and sorted_vals[b + 1] == sorted_vals[a]:
+            b += 1
+        z = table[a + b]
+        for k in range(a, b + 1):
+            out[pos[k]] = z
+        a = b + 1
+
+
+@nb.njit(**_opts)
+def _fold(s, order, med, fv, fpos):
+    """Merge the ascending runs ``med - s[half-1], ..., med - s[0]`` and ``s[half] - med, ..., s[n-1] - med`` into
+    the sorted folded values ``fv`` and their draw positions ``fpos`` (n even). ``fl(med - x) = -fl(x - med)``,
+    so the merged values equal ``|x - med|`` bit for bit.
+
+    The merge runs from both ends at once (the smallest from the middle of ``s``, the largest from its ends),
+    half the outputs each, without branches: two independent chains of loads and compares, about 3x faster than
+    a plain merge. Ties go to the lower run from the front and to the upper run from the back, one consistent
+    order, so the two halves never take the same draw.
+    """
+    n = s.size
+    half = n // 2
+    i = half - 1  # front: lower run read backwards, upper run forwards
+    j = half
+    ib = 0  # back: lower run forwards from s[0], upper run backwards from s[n - 1]
+    jb = n - 1
+    for k in range(half):
+        ii = max(i, 0)
+        jj = min(j, n - 1)
+        a = med - s[ii] if i >= 0 else np.inf
+        b = s[jj] - med if j < n else np.inf
+        ta = np.int64(a <= b)
+        fv[k] = min(a, b)
+        fpos[k] = order[ii] * ta + order[jj] * (1 - ta)
+        i -= ta
+        j += 1 - ta
+        iib = min(ib, half - 1)
+        jjb = max(jb, half)
+        a2 = med - s[iib] if ib <= half - 1 else -np.inf
+        b2 = s[jjb] - med if jb >= half else -np.inf
+        tb = np.int64(b2 >= a2)
+        fv[n - 1 - k] = max(a2, b2)
+        fpos[n - 1 - k] = order[jjb] * tb + order[iib] * (1 - tb)
+        jb -= tb
+        ib += 1 - tb
+
+
+@nb.njit(fastmath=_SUMS, **_opts)
+def _row_means(y, R, h, out):
+    """``out[r]`` = mean of row r of ``y`` (R h,) laid out as R rows of h."""
+    for r in range(R):
+        row = y[r * h:(r + 1) * h]
+        acc = 0.0
+        for i in range(h):
+            acc += row[i]
+        out[r] = acc / h
+
+
+@nb.njit(fastmath=_SUMS, **_opts)
+def _centre_rows(y, R, h, means):
+    """Subtract each row's mean (``means``) from the rows of ``y`` (R h,) in place; returns the sum of squares."""
+    ss = 0.0
+    for r in range(R):
+        row = y[r * h:(r + 1) * h]
+        m = means[r]
+        for i in range(h):
+            d = row[i] - m
+            row[i] = d
+            ss += d * d
+    return ss
+
+
+@nb.njit(fastmath=_SUMS, **_opts)
+def _moments(xp):
+    """``(sum x, all finite)`` of one parameter's draws ``xp`` (C, D)."""
+    acc = 0.0
+    bad = 0.0
+    for c in range(xp.shape[0]):
+        row = xp[c]
+        for d in range(row.size):
+            acc += row[d]
+            bad += row[d] * 0.0  # 0 for a finite draw, NaN for an infinite or NaN one
+    return acc, bad == 0.0
+
+
+@nb.njit(fastmath=_SUMS, **_opts)
+def _deviation_moments(xp, mean):
+    """``(sum (x - mean)^2, sum (x - mean)^4)`` over one parameter's draws ``xp`` (C, D)."""
+    s2 = 0.0
+    s4 = 0.0
+    for c in range(xp.shape[0]):
+        row = xp[c]
+        for d in range(row.size):
+            dv = row[d] - mean
+            d2 = dv * dv
+            s2 += d2
+            s4 += d2 * d2
+    return s2, s4
+
+
+@nb.njit(**_opts)
+def _var_ddof1(a):
+    m = 0.0
+    for x in a:
+        m += x
+    m /= a.size
+    ss = 0.0
+    for x in a:
+        ss += (x - m) * (x - m)
+    return ss / (a.size - 1)
+
+
+@nb.njit(**_opts)
+def _rhat(means, ss, R, h):
+    """Classic R-hat from row means and the total within-row sum of squares: ``sqrt((B/W + h - 1)/h)`` with
+    ``W = ss / (R (h - 1))`` (the mean within-row variance) and ``B = h var(means, ddof=1)``."""
+    within = ss / (R * (h - 1.0))
+    between = h * _var_ddof1(means)
+    return np.sqrt((between / within + h - 1) / h)
+
+
+@nb.njit(fastmath=_SUMS, **_opts)
+def _lag_sums4(c, R, h, t, out):
+    """``out[t + j] = sum_r sum_i c[r, i] c[r, i + t + j]`` for ``j = 0..3`` (lags past ``h - 1`` give 0), for
+    centred rows ``c`` (R h,): four lags in one pass over the rows, which keeps the products in vector registers.
+
+    Shifted views are indexed by the loop counter only: an index such as ``i + t`` with a run-time ``t`` makes
+    Numba check for negative (wrap-around) indices on every access, which stops LLVM vectorising the loop.
+    """
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    for r in range(R):
+        a = c[r * h:(r + 1) * h]
+        m = max(h - t - 3, 0)
+        b0 = a[t:]
+        b1 = a[t + 1:]
+        b2 = a[t + 2:]
+        b3 = a[t + 3:]
+        for i in range(m):
+            ci = a[i]
+            a0 += ci * b0[i]
+            a1 += ci * b1[i]
+            a2 += ci * b2[i]
+            a3 += ci * b3[i]
+        for i in range(m, max(h - t, 0)):  # the last three products of the shorter lags
+            ci = a[i]
+            a0 += ci * a[i + t]
+            if i + t + 1 < h:
+                a1 += ci * a[i + t + 1]
+            if i + t + 2 < h:
+                a2 += ci * a[i + t + 2]
+    out[t] = a0
+    out[t + 1] = a1
+    out[t + 2] = a2
+    out[t + 3] = a3
+
+
+@nb.njit(**_opts)
+def _geyer_direct(c, R, h, cmv, rho, acov):
+    """ArviZ's ``_ess`` on centred rows ``c`` (R rows of h) with autocovariances summed directly, four lags at a
+    time and only as far as Geyer's sequence runs.
+
+    ``cmv``: variance of the R row means (ddof 1; 0 for one row). ``rho`` (h,) and ``acov``
+    (:data:`MAX_DIRECT_LAG` + 4,) scratch. Returns the ESS, or -1.0 when the sequence needs a lag past
+    :data:`MAX_DIRECT_LAG` (the caller takes the FFT path).
+    """
+    norm = 1.0 / (R * h)  # mean over rows of acov_r(t) = (1/h) sum_i c_ri c_r,i+t
+    _lag_sums4(c, R, h, 0, acov)
+    done = 4
+    mean_var = acov[0] * norm * h / (h - 1.0)
+    var_plus = mean_var * (h - 1.0) / h
+    if R > 1:
+        var_plus += cmv
+    rho_even = 1.0
+    rho[0] = rho_even
+    rho_odd = 1.0 - (mean_var - acov[1] * norm) / var_plus
+    rho[1] = rho_odd
+    t = 1
+    while t < (h - 3) and (rho_even + rho_odd) > 0.0:
+        if t + 2 >= done:
+            if done + 4 > MAX_DIRECT_LAG + 4:
+                return -1.0
+            _lag_sums4(c, R, h, done, acov)
+            done += 4
+        rho_even = 1.0 - (mean_var - acov[t + 1] * norm) / var_plus
+        rho_odd = 1.0 - (mean_var - acov[t + 2] * norm) / var_plus
+        keep = (rho_even + rho_odd) >= 0
+        rho[t + 1] = rho_even if keep else 0.0  # entries never kept stay 0, as in ArviZ's zero-filled array
+        rho[t + 2] = rho_odd if keep else 0.0
+        t += 2
+    max_t = t - 2
+    if rho_even > 0:
+        rho[max_t + 1] = rho_even
+    t = 1
+    while t <= max_t - 2:
+        if (rho[t + 1] + rho[t + 2]) > (rho[t - 1] + rho[t]):
+            rho[t + 1] = (rho[t - 1] + rho[t]) / 2.0
+            rho[t + 2] = rho[t + 1]
+        t += 2
+    total = R * h
+    acc = 0.0
+    for k in range(max_t + 1):
+        acc += rho[k]
+    tau = -1.0 + 2.0 * acc
+    if max_t + 1 < h:
+        tau += rho[max_t + 1]
+    floor = 1.0 / np.log10(total)
+    if tau < floor:
+        tau = floor
+    for k in range(max(max_t + 2, 2)):  # every entry ever written (the rest of ArviZ's array is 0)
+        if np.isnan(rho[k]):
+            return np.nan
+    return total / tau
+
+
+@nb.njit(**_opts)
+def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_means, finite):
+    """Diagnose every parameter of a block ``x`` (P, C, D), D >= 4 (definitions: :mod:`msrm.diagnostics`).
+
+    Args:
+        x: (P, C, D) float64 draws.
+        table: normal scores of the ranks 1, 1.5, ..., N (N = 2 C (D // 2)), ``diagnostics._z_table``.
+        probs: (2,) tail probabilities.
+    Outputs (written):
+        stats: (P, N_STATS) mean, variance (ddof 1), q05, q95, R-hat (NaN for one chain), mean of the squared
+            deviations and of their squares.
+        ess: (P, N_VARS) ESS of the bulk scores, the two tail indicators, the split draws and the split squared
+            deviations; NaN where ``pending``.
+        pending: (P, N_VARS) bool: Geyer's sequence ran past :data:`MAX_DIRECT_LAG`.
+        pending_rows: (P N_VARS, R, h) the centred rows of the pending variables, in (parameter, variable) order;
+        pending_means: (P N_VARS, R) their row means.
+        finite: (P,) bool: every draw of the parameter is finite; nothing else is written for a parameter that
+            is not.
+    Returns the number of pending variables.
+    """
+    P, C, D = x.shape
+    h = D // 2
+    R = 2 * C
+    N = R * h
+    off = D - h  # the second half of a chain starts here (the middle draw of an odd D is dropped)
+    v = np.empty(N)
+    s = np.empty(N)
+    order = np.empty(N, np.int64)
+    counts = np.empty(2 * N + 1, np.int64)
+    bucket = np.empty(N, np.int64)
+    fv = np.empty(N)
+    fpos = np.empty(N, np.int64)
+    zf = np.empty(N)
+    full = np.empty(C * D)
+    rows = np.empty((N_VARS, N))
+    means = np.empty((N_VARS, R))
+    fmeans = np.empty(R)
+    rho = np.empty(max(h, 2))
+    acov = np.empty(MAX_DIRECT_LAG + 4)
+    qs = np.empty(2)
+    const = np.empty(N_VARS, np.bool_)
+    n_pending = 0
+    for p in range(P):
+        xp = x[p]
+        total_sum, ok = _moments(xp)
+        finite[p] = ok
+        if not ok:
+            continue
+        mean = total_sum / (C * D)
+        # split draws: chain c's halves are rows 2c and 2c + 1
+        for c in range(C):
+            v[2 * c * h:(2 * c + 1) * h] = xp[c, :h]
+            v[(2 * c + 1) * h:(2 * c + 2) * h] = xp[c, off:]
+        _argsort_exact(v, order, s, counts, bucket)
+        _scores_to(s, order, table, rows[0])  # bulk normal scores, in the draws' places
+
+        # type-7 quantiles over all C D draws (the split draws when D is even)
+        if D % 2 == 0:
+            srt = s
+        else:
+            k = 0
+            for c in range(C):
+                for d in range(D):
+                    full[k] = xp[c, d]
+                    k += 1
+            srt = np.sort(full)
+        nf = srt.size
+        for j in range(2):
+            pr = probs[j]
+            aleph = nf * pr + (1.0 - pr)
+            kk = int(np.floor(min(max(aleph, 1.0), nf - 1.0)))
+            gamma = min(max(aleph - kk, 0.0), 1.0)
+            qs[j] = (1.0 - gamma) * srt[kk - 1] + gamma * srt[kk]
+
+        # deviations from the overall mean: moments over all draws, split rows of squared deviations
+        ss2, ss4 = _deviation_moments(xp, mean)
+        c2lo = np.inf
+        c2hi = -np.inf
+        for i in range(N):
+            vi = v[i]
+            rows[1, i] = 1.0 if vi <= qs[0] else 0.0
+            rows[2, i] = 1.0 if vi <= qs[1] else 0.0
+            rows[3, i] = vi
+            dv = vi - mean
+            d2 = dv * dv
+            rows[4, i] = d2
+            c2lo = min(c2lo, d2)
+            c2hi = max(c2hi, d2)
+        for var in range(N_VARS):
+            _row_means(rows[var], R, h, means[var])
+        const[0] = s[0] == s[N - 1]  # every score tied: all z equal; otherwise they span far more than 1e-15
+        const[1] = False
+        const[2] = False
+        for var in (1, 2):  # an indicator is constant when every row is all 0 or every row all 1
+            all0 = True
+            all1 = True
+            for r in range(R):
+                all0 = all0 and means[var, r] == 0.0
+                all1 = all1 and means[var, r] == 1.0
+            const[var] = all0 or all1
+        const[3] = (s[N - 1] - s[0]) < _RESOLUTION
+        const[4] = (c2hi - c2lo) < _RESOLUTION
+
+        # R-hat: bulk scores (their centred sum of squares also serves the ESS) and folded scores
+        bulk_ss = _centre_rows(rows[0], R, h, means[0])
+        rhat = np.nan
+        if C >= 2:
+            med = (s[N // 2 - 1] + s[N // 2]) / 2.0
+            _fold(s, order, med, fv, fpos)
+            _scores_to(fv, fpos, table, zf)
+            _row_means(zf, R, h, fmeans)
+            fold_ss = _centre_rows(zf, R, h, fmeans)
+            rb = _rhat(means[0], bulk_ss, R, h)
+            rf = _rhat(fmeans, fold_ss, R, h)
+            rhat = rf if rf > rb else rb  # Python's max(rb, rf): a NaN rb wins
+        stats[p, MEAN] = mean
+        stats[p, VAR] = ss2 / (C * D - 1)
+        stats[p, Q05] = qs[0]
+        stats[p, Q95] = qs[1]
+        stats[p, RHAT] = rhat
+        stats[p, EVAR] = ss2 / (C * D)
+        stats[p, M4] = ss4 / (C * D)
+
+        for var in range(N_VARS):
+            pending[p, var] = False
+            if const[var]:
+                ess[p, var] = N
+                continue
+            if var > 0:
+                _centre_rows(rows[var], R, h, means[var])
+            cmv = _var_ddof1(means[var]) if R > 1 else 0.0
+            e = _geyer_direct(rows[var], R, h, cmv, rho, acov)
+            if e == -1.0:
+                pending[p, var] = True
+                ess[p, var] = np.nan
+                for r in range(R):
+                    pending_means[n_pending, r] = means[var, r]
+                    pending_rows[n_pending, r, :] = rows[var, r * h:(r + 1) * h]
+                n_pending += 1
+            else:
+                ess[p, var] = e
+    return n_pending
