@@ -1,4 +1,5 @@
-"""Compiled (Numba) kernels behind :mod:`msrm.diagnostics`: one pass per parameter, no per-call temporaries.
+"""Compiled (Numba) kernels behind :mod:`msrm.diagnostics`: one pass per parameter, scratch allocated once per
+block.
 
 Everything a parameter needs except the rare long autocovariances is computed in one compiled loop over the
 parameters of a block: the exact order of its split draws (a bucket sort finished by exact comparisons), the
@@ -8,8 +9,8 @@ monotone sequence on autocovariances computed lag by lag (direct sums) for as lo
 variable whose sequence runs past :data:`MAX_DIRECT_LAG` lags is handed back with its centred rows for the FFT
 path of :mod:`msrm.diagnostics`, so every result is exact whatever the autocorrelation.
 
-The module is imported only when Numba is installed (the ``bayes`` extra); :mod:`msrm.diagnostics` falls back to
-its NumPy path without it. The kernels release the GIL, so blocks run concurrently on a thread pool.
+The module is imported only when Numba is installed (the ``bayes`` extra); without it :mod:`msrm.diagnostics`
+uses its NumPy engine. The kernels release the GIL, so blocks run concurrently on a thread pool.
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def _argsort_exact(v, order, s, counts, bucket):
     A counting sort on the monotone bucket ``floor((v - min) (2n - 1) / (max - min))`` (about two buckets per
     value) leaves only values that share a bucket out of order; one insertion pass over the whole array then
     orders them by exact comparisons. Crowded buckets (heavy tails put most draws in a few) are first ordered by
-    ``np.argsort``, so the cost stays O(n log n) whatever the distribution. The bucket decides only the speed,
+    ``np.argsort``, so the insertion pass never moves a value further than a small bucket's size and the cost
+    stays O(n log n) whatever the distribution. The bucket decides only the speed,
     never the result. Scratch: ``counts`` (2n + 1,) int64, ``bucket`` (n,) int64.
     """
     n = v.size

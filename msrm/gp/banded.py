@@ -14,15 +14,21 @@ time, so their windows start at non-decreasing grid points. Cut a group's nodes 
 
 batched matrix products over chunks that cost ``S / J`` of the dense ones. The reverse rule
 (``jax.custom_vjp``) uses the symmetry of ``K_k`` and of the cotangent's symmetric part ``S_k`` the same way
-as :func:`msrm.gp.likelihood.covariance_from_response` does for dense rows: with ``U_k = S_k A``,
+as :func:`msrm.gp.likelihood.covariance_from_response` does for dense rows: with ``Y_k = A^T S_k`` (so
+``U_k = Y_k^T = S_k A``),
 
 .. math::
 
-    \bar K_k = A^\top U_k, \qquad \bar A_c = 2 \sum_k U_k[c, :]\, K_k[:, lo_c : lo_c + S],
+    Y_k[lo_c : lo_c + S, :] \mathrel{+}= A_c^\top S_k[c, :], \qquad
+    \bar K_k[lo_c : lo_c + S, :] \mathrel{+}= A_c^\top U_k[c, :], \qquad
+    \bar A_c = 2 \sum_k U_k[c, :]\, K_k[lo_c : lo_c + S, :]^\top,
 
-the latter only on the chunk windows (the entries the response weights can reach), never as a dense (N, J)
-matrix. The result equals the dense products up to rounding (tested against them, value and gradients,
-including padded runs and chunks cut by the grid's end).
+the last only on the chunk windows (the entries the response weights can reach), never as a dense (N, J)
+matrix. Every product reads and writes whole rows: the arrays keep the factor axis inside the row index
+((J, K, N) rather than (K, J, N)), so that no (K, ...) operand is transposed for the batched products, and the
+overlapping row blocks are added chunk after chunk with ``dynamic_update_slice`` (in place; XLA:CPU scatters
+are several times slower). The result equals the dense products up to rounding (tested against them, value
+and gradients, including padded runs and chunks cut by the grid's end).
 
 Chunk offsets ``lo_c`` may be traced (stacked runs carry their window starts as arrays); ``S`` and the chunk
 counts are static.
@@ -35,6 +41,7 @@ from typing import NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 __all__ = ["CHUNK", "ChunkShape", "chunk_shape", "worthwhile", "chunk_windows", "chunked_covariance"]
 
@@ -139,11 +146,12 @@ def chunked_covariance(shapes, windows, Kk):
 
 def _forward(shapes, windows, Kk):
     # Z = K_k A^T (K, J, N), one group's columns at a time from the rows lo_c.. of K_k (K is symmetric)
+    Kt = jnp.transpose(Kk, (1, 0, 2))  # (J, K, J): row j holds K_k[j, :] of every factor
     Z_parts, blocks = [], []
     for (Ac, lo), shape in zip(windows, shapes):
-        Kb = Kk[:, _span_index(lo, shape.span), :]  # (K, n_chunks, span, J)
+        Kb = Kt[_span_index(lo, shape.span)]  # (n_chunks, span, K, J)
         blocks.append(Kb)
-        Zg = jnp.einsum("kcsj,crs->kjcr", Kb, Ac)
+        Zg = jnp.einsum("cskj,crs->kjcr", Kb, Ac)
         Z_parts.append(Zg.reshape(Zg.shape[0], Zg.shape[1], -1)[:, :, :shape.n_nodes])
     Z = jnp.concatenate(Z_parts, axis=2) if len(Z_parts) > 1 else Z_parts[0]
     # C_k[c rows, :] = A_c Z[lo_c : lo_c + S, :] (contiguous row slices of Z)
@@ -157,31 +165,48 @@ def _forward(shapes, windows, Kk):
 
 def _fwd(shapes, windows, Kk):
     C, blocks = _forward(shapes, windows, Kk)
-    return C, (windows, Kk, blocks)
+    return C, (windows, blocks)
+
+
+def _add_rows(X, V, lo):
+    """``X[lo_c : lo_c + S] += V[c]`` for every chunk ``c`` in turn (``dynamic_update_slice``, in place).
+
+    X: (rows, ...); V: (n_chunks, S, ...); lo: (n_chunks,) int, ``lo_c + S <= rows``.
+    """
+    n_chunks, span = V.shape[:2]
+    zero = jnp.zeros((), lo.dtype)
+
+    def body(c, X):
+        start = (lo[c],) + (zero,) * (X.ndim - 1)
+        block = lax.dynamic_slice(X, start, (span,) + X.shape[1:])
+        return lax.dynamic_update_slice(X, block + V[c], start)
+
+    return lax.fori_loop(0, n_chunks, body, X)
 
 
 def _bwd(shapes, res, Cbar):
-    windows, Kk, blocks = res
+    windows, blocks = res
     Kf, N, _ = Cbar.shape
-    J = Kk.shape[-1]
-    S = 0.5 * (Cbar + jnp.swapaxes(Cbar, -1, -2))
-    # Y = A^T S (K, J, N): row-slice scatter of each chunk's A_c^T S[c rows, :]
-    Y = jnp.zeros((Kf, J, N), Cbar.dtype)
+    J = blocks[0].shape[-1]
+    St = 0.5 * (jnp.transpose(Cbar, (1, 0, 2)) + jnp.transpose(Cbar, (2, 0, 1)))  # (N, K, N): S_k[u, v]
+    # Y = A^T S as (J, K, N): chunk c adds A_c^T S[c rows] to the rows lo_c..
+    Y = jnp.zeros((J, Kf, N), Cbar.dtype)
     offset = 0
     for (Ac, lo), shape in zip(windows, shapes):
-        Sg = _pad_chunks(S[:, offset:offset + shape.n_nodes, :], shape, axis=1)  # (K, n_chunks, CHUNK, N)
-        Y = Y.at[:, _span_index(lo, shape.span), :].add(jnp.einsum("crs,kcrn->kcsn", Ac, Sg))
+        Sg = _pad_chunks(St[offset:offset + shape.n_nodes], shape, axis=0)  # (n_chunks, CHUNK, K, N)
+        Y = _add_rows(Y, jnp.einsum("crs,crkn->cskn", Ac, Sg), lo)
         offset += shape.n_nodes
-    # Kbar = Y A (symmetric), Abar_c = 2 sum_k (S A K_k)[c rows, span_c] = 2 sum_k Y[:, :, c rows]^T K_k[:, span_c]
-    Kbar = jnp.zeros_like(Kk)
+    U = jnp.transpose(Y, (2, 1, 0))  # (N, K, J): U[u, k] = (S_k A)[u, :] (S_k symmetric)
+    # Kbar = A^T U (symmetric) as (J, K, J), Abar_c = 2 sum_k U_k[c rows, :] K_k[span_c, :]^T
+    Kbar = jnp.zeros((J, Kf, J), Cbar.dtype)
     Abar, offset = [], 0
     for (Ac, lo), shape, Kb in zip(windows, shapes, blocks):
-        Yg = _pad_chunks(Y[:, :, offset:offset + shape.n_nodes], shape, axis=2)  # (K, J, n_chunks, CHUNK)
-        Kbar = Kbar.at[:, :, _span_index(lo, shape.span)].add(jnp.einsum("kjcr,crs->kjcs", Yg, Ac))
-        Abar.append(2.0 * jnp.einsum("kjcr,kcsj->crs", Yg, Kb))
+        Ug = _pad_chunks(U[offset:offset + shape.n_nodes], shape, axis=0)  # (n_chunks, CHUNK, K, J)
+        Kbar = _add_rows(Kbar, jnp.einsum("crs,crkj->cskj", Ac, Ug), lo)
+        Abar.append(2.0 * jnp.einsum("crkj,cskj->crs", Ug, Kb))
         offset += shape.n_nodes
     wbar = tuple((Ab, np.zeros(lo.shape, dtype=jax.dtypes.float0)) for Ab, (_, lo) in zip(Abar, windows))
-    return wbar, Kbar
+    return wbar, jnp.transpose(Kbar, (1, 0, 2))
 
 
 chunked_covariance.defvjp(_fwd, _bwd)

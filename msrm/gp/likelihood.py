@@ -237,12 +237,13 @@ def node_woodbury_matrix(R, C):
     Reverse rule (hand-written: autodiff of the broadcasts reduces the (NK)^2 cotangent over strided axes once
     per factor and operand). It requires a **symmetric** cotangent ``G`` - the only one it receives: ``M``
     feeds :func:`msrm.gp.linalg.quad_logdet`, whose cotangent is symmetric by construction - which halves the
-    work (the row and column contractions coincide). With ``Y_k[u,a,v] = sum_b G[u,a,v,b] R_v[b,k]`` (one
-    pass over ``G`` per factor):
+    work (the row and column contractions coincide). With ``Y[k,u,a,v] = sum_b G[u,a,v,b] R_v[b,k]`` (one pass
+    over ``G`` for every factor, written with ``v`` innermost so that both reductions run along contiguous
+    rows):
 
     .. math::
 
-        \bar C_k[u,v] = \sum_a R_u[a,k] Y_k[u,a,v], \qquad \bar R_u[a,k] = 2 \sum_v C_k[u,v] Y_k[u,a,v].
+        \bar C_k[u,v] = \sum_a R_u[a,k] Y[k,u,a,v], \qquad \bar R_u[a,k] = 2 \sum_v C_k[u,v] Y[k,u,a,v].
 
     ``C_k`` symmetric is required for the second formula (the model's ``A K_k A^T`` is, to rounding).
     """
@@ -260,12 +261,12 @@ def _woodbury_fwd(R, C):
 
 def _woodbury_bwd(res, G):
     R, C = res
-    Rbar, Cbar = [], []
-    for k in range(R.shape[-1]):
-        Y = jnp.sum(G * R[None, None, :, :, k], axis=-1)  # (N, K, N)
-        Cbar.append(jnp.sum(R[:, :, k][:, :, None] * Y, axis=1))
-        Rbar.append(2.0 * jnp.sum(C[k][:, None, :] * Y, axis=-1))
-    return jnp.stack(Rbar, axis=-1), jnp.stack(Cbar)
+    Rt = jnp.transpose(R, (2, 0, 1))  # Rt[k, u, a] = R_u[a, k]
+    # the sum over b as K strided slices of G (a reduction over an axis of length K is several times slower)
+    Y = sum(G[None, :, :, :, b] * Rt[:, None, None, :, b] for b in range(R.shape[-1]))  # (K, N, K, N)
+    Cbar = jnp.sum(Rt[:, :, :, None] * Y, axis=2)
+    Rbar = 2.0 * jnp.sum(C[:, :, None, :] * Y, axis=-1)  # (K, N, K): [k, u, a]
+    return jnp.transpose(Rbar, (1, 2, 0)), Cbar
 
 
 node_woodbury_matrix.defvjp(_woodbury_fwd, _woodbury_bwd)

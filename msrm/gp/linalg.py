@@ -41,15 +41,17 @@ diagnostics counter); nothing is printed.
 
     \bar M = G_l\, M^{-1} - G_q\, A A^\top, \qquad \bar V = 2\, G_q\, A.
 
-``M^{-1}`` is formed once, in the backward pass only, from the factor (LAPACK POTRI, or two triangular
-inverses in native JAX); the quadratic part needs only ``A`` from the forward pass. ``\bar M`` is symmetric,
+``M^{-1}`` is formed once from the factor, and only when a derivative is taken: the callback path inverts the
+factor in place (LAPACK POTRI) inside the forward pass of ``jax.vjp`` and keeps ``M^{-1}`` as the residual, so
+the backward pass is one elementwise XLA expression and the factor never travels back to the host; the native
+path forms it in the backward pass by two triangular inverses. The quadratic part needs only ``A``. ``\bar M`` is symmetric,
 which is the derivative of the function of the symmetrised input (so finite differences in any direction
 agree). When jitter or the fallback was used, the derivative is that of the regularised matrix with the
 regularisation held fixed. ``event`` is an integer output and takes a ``float0`` cotangent.
 
 **Platforms.** ``method="auto"`` picks ``"callback"`` when ``jax.default_backend() == "cpu"`` at trace time
-and ``"native"`` otherwise. ``"callback"``: SciPy LAPACK ``dpotrf``/``dpotrs`` (forward) and ``dpotri`` plus
-BLAS ``dsyrk`` (backward) inside ``jax.pure_callback``, with BLAS threads limited by threadpoolctl to
+and ``"native"`` otherwise. ``"callback"``: SciPy LAPACK ``dpotrf``/``dpotrs`` (value) and ``dpotri``
+(differentiated forward pass) inside ``jax.pure_callback``, with BLAS threads limited by threadpoolctl to
 :func:`msrm.runtime.blas_threads` (default: physical cores; a larger pool warns through
 :func:`msrm.runtime.check_oversubscription`). ``"native"``: ``jnp.linalg.cholesky`` and triangular solves with
 the same ladder as ``lax`` control flow. Both give the same value, event and gradient. Both work under
@@ -181,32 +183,34 @@ def _symmetrised_fortran(M: np.ndarray) -> np.ndarray:
 def _host_factor(M: np.ndarray, symmetric: bool = False) -> tuple[np.ndarray | None, int]:
     """Guarded factorization of ``(M + M^T)/2`` (of ``M`` itself when the caller built it exactly symmetric).
 
-    Returns (U in Fortran order or None, event).
+    Returns (U in Fortran order, its strict lower triangle left as garbage, or None; event).
     """
     from scipy.linalg import lapack
 
-    if not np.all(np.isfinite(M)):
-        return None, EVENT_NONFINITE
     # exactly symmetric: M^T is M in Fortran order (a view); POTRF copies it once
     Ms = M.T if symmetric else _symmetrised_fortran(M)
     diag = np.diag(Ms).copy()
-    U, info = lapack.dpotrf(Ms, lower=0, clean=1, overwrite_a=0 if symmetric else 1)
-    if info == 0:
+    U, info = lapack.dpotrf(Ms, lower=0, clean=0, overwrite_a=0 if symmetric else 1)
+    # A NaN or infinity in the triangle POTRF reads reaches a pivot (NaN or <= 0: info > 0) except an infinite
+    # diagonal entry, whose pivot is infinite; so the whole matrix is checked only when POTRF did not succeed.
+    if info == 0 and np.all(np.isfinite(np.diag(U))):
         return U, EVENT_PLAIN
+    if not np.all(np.isfinite(M)):
+        return None, EVENT_NONFINITE
     Ms = _symmetrised_fortran(M)  # dpotrf overwrote the failed attempt
     scale = _scale(diag)
     n = Ms.shape[0]
     for k, rel in enumerate(jitter_levels(), start=1):
         Mj = np.array(Ms, order="F", copy=True)
         Mj[np.diag_indices(n)] += rel * scale
-        U, info = lapack.dpotrf(Mj, lower=0, clean=1, overwrite_a=1)
+        U, info = lapack.dpotrf(Mj, lower=0, clean=0, overwrite_a=1)
         if info == 0:
             return U, k
     w, Q = np.linalg.eigh(Ms)
     w = np.maximum(w, jitter_levels()[-1] * scale)
     Mc = (Q * w) @ Q.T
     Mc = 0.5 * (Mc + Mc.T)
-    U, info = lapack.dpotrf(Mc, lower=0, clean=1, overwrite_a=1)
+    U, info = lapack.dpotrf(Mc, lower=0, clean=0, overwrite_a=1)
     if info != 0:  # pragma: no cover - clipped spectrum is PD by construction
         return None, EVENT_NONFINITE
     return U, EVENT_EIGH_FALLBACK
@@ -224,19 +228,29 @@ def _host_solve(U: np.ndarray, V: np.ndarray) -> tuple[float, float, np.ndarray]
 
 
 def _host_one(M: np.ndarray, V: np.ndarray, want_residuals: bool, symmetric: bool = False):
+    """(quad, logdet, event) and, with ``want_residuals``, the reverse pass's residuals ``(M^{-1}, A)``."""
     n, r = V.shape
     U, event = _host_factor(M, symmetric)
     if U is None:
         nan = np.float64(np.nan)
-        L = np.full((n, n), np.nan)
-        return nan, nan, np.int32(event), L, np.full((n, r), np.nan)
+        return nan, nan, np.int32(event), np.full((n, n), np.nan), np.full((n, r), np.nan)
     if not np.all(np.isfinite(V)):
         event = EVENT_NONFINITE
     quad, logdet, A = _host_solve(U, V)
     if event == EVENT_NONFINITE:
         quad = logdet = np.nan
-    L = U.T if want_residuals else None
-    return np.float64(quad), np.float64(logdet), np.int32(event), L, np.ascontiguousarray(A)
+    Minv = _inverse_from_factor(U) if want_residuals else None
+    return np.float64(quad), np.float64(logdet), np.int32(event), Minv, np.ascontiguousarray(A)
+
+
+def _inverse_from_factor(U: np.ndarray) -> np.ndarray:
+    """``M^{-1}`` (C order, both triangles) from the upper factor ``U`` (Fortran order), in U's own buffer."""
+    from scipy.linalg import lapack
+
+    Minv, info = lapack.dpotri(U, lower=0, overwrite_c=1)  # upper triangle of M^{-1}, in place
+    if info != 0:  # pragma: no cover - a factor from POTRF is nonsingular
+        raise RuntimeError(f"dpotri failed with info={info}")
+    return _fill_lower_from_upper(Minv).T  # symmetric, so the transpose view is the same matrix in C order
 
 
 def _host_batched(M, V, want_residuals: bool, symmetric: bool = False):
@@ -245,27 +259,25 @@ def _host_batched(M, V, want_residuals: bool, symmetric: bool = False):
     V = np.asarray(V, dtype=np.float64)
     batch = M.shape[:-2]
     n, r = V.shape[-2:]
-    if not batch:  # no vmap: hand the factor back without an extra (n, n) copy
+    if not batch:  # no vmap: hand M^{-1} back without an extra (n, n) copy
         with _blas_limit():
             out = _host_one(M, V, want_residuals, symmetric)
         return out if want_residuals else out[:3]
     quad = np.empty(batch)
     logdet = np.empty(batch)
     event = np.empty(batch, dtype=np.int32)
-    L = np.empty(batch + (n, n)) if want_residuals else None
+    Minv = np.empty(batch + (n, n)) if want_residuals else None
     A = np.empty(batch + (n, r)) if want_residuals else None
     with _blas_limit():
         for idx in np.ndindex(*batch):
-            q, ld, ev, Li, Ai = _host_one(M[idx], V[idx], want_residuals, symmetric)
+            q, ld, ev, Mi, Ai = _host_one(M[idx], V[idx], want_residuals, symmetric)
             quad[idx], logdet[idx], event[idx] = q, ld, ev
             if want_residuals:
-                L[idx] = Li
+                Minv[idx] = Mi
                 A[idx] = Ai
     if want_residuals:
-        return quad, logdet, event, L, A
+        return quad, logdet, event, Minv, A
     return quad, logdet, event
-
-
 
 
 def _fill_lower_from_upper(G: np.ndarray, block: int = 128) -> np.ndarray:
@@ -277,39 +289,6 @@ def _fill_lower_from_upper(G: np.ndarray, block: int = 128) -> np.ndarray:
         D = G[r0:r1, r0:r1]
         G[r0:r1, r0:r1] = np.triu(D) + np.triu(D, 1).T
     return G
-
-
-def _host_cotangent_one(L: np.ndarray, A: np.ndarray, gq: float, gl: float) -> np.ndarray:
-    """``gl * M^{-1} - gq * A A^T`` from the factor: POTRI then SYRK into the same buffer, symmetrised in place.
-
-    Returns a C-contiguous (n, n) array; the only (n, n) allocation is POTRI's copy of the factor.
-    """
-    from scipy.linalg import blas, lapack
-
-    n = L.shape[0]
-    if not np.all(np.isfinite(L)):
-        return np.full((n, n), np.nan)
-    Minv, info = lapack.dpotri(L.T, lower=0, overwrite_c=0)  # upper triangle of M^{-1}, Fortran order
-    if info != 0:  # pragma: no cover - a factor from the forward pass is nonsingular
-        raise RuntimeError(f"dpotri failed with info={info}")
-    G = blas.dsyrk(-float(gq), A, beta=float(gl), c=Minv, trans=0, lower=0, overwrite_c=1)
-    return _fill_lower_from_upper(G).T  # symmetric, so the transpose view is the same matrix in C order
-
-
-def _host_backward(L, A, gq, gl):
-    L = np.asarray(L, dtype=np.float64)
-    A = np.asarray(A, dtype=np.float64)
-    gq = np.asarray(gq, dtype=np.float64)
-    gl = np.asarray(gl, dtype=np.float64)
-    batch = L.shape[:-2]
-    if not batch:
-        with _blas_limit():
-            return _host_cotangent_one(L, A, gq, gl)
-    out = np.empty(L.shape)
-    with _blas_limit():
-        for idx in np.ndindex(*batch):
-            out[idx] = _host_cotangent_one(L[idx], A[idx], gq[idx], gl[idx])
-    return out
 
 
 def _shapes(n: int, r: int, residuals: bool):
@@ -325,6 +304,15 @@ def _shapes(n: int, r: int, residuals: bool):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _outer_sum(A):
+    """``A A^T`` for ``A`` (n, r): for a few columns as broadcast products, which XLA fuses with the consumer
+    (one pass over the (n, n) result instead of a matrix product and a second pass)."""
+    r = A.shape[-1]
+    if r > 8:
+        return A @ A.T
+    return sum(A[:, i, None] * A[None, :, i] for i in range(r))
+
+
 def _make_callback(symmetric: bool):
     """The callback path as a ``jax.custom_vjp`` function of (M, V); ``symmetric`` skips the symmetrisation."""
     value_host = functools.partial(_host_batched, want_residuals=False, symmetric=symmetric)
@@ -337,18 +325,15 @@ def _make_callback(symmetric: bool):
 
     def fwd(M, V):
         n, r = V.shape
-        quad, logdet, event, L, A = jax.pure_callback(
+        quad, logdet, event, Minv, A = jax.pure_callback(
             forward_host, _shapes(n, r, True), M, V, vmap_method="broadcast_all"
         )
-        return (quad, logdet, event), (L, A)
+        return (quad, logdet, event), (Minv, A)
 
     def bwd(res, cts):
-        L, A = res
+        Minv, A = res
         gq, gl, _ = cts
-        dM = jax.pure_callback(
-            _host_backward, jax.ShapeDtypeStruct(L.shape, L.dtype), L, A, gq, gl, vmap_method="broadcast_all"
-        )
-        return dM, 2.0 * gq * A
+        return gl * Minv - gq * _outer_sum(A), 2.0 * gq * A
 
     fn.defvjp(fwd, bwd)
     return fn

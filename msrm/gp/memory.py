@@ -2,10 +2,11 @@
 
 A guarded factorization of dimension ``n`` with ``r`` right-hand sides holds, at its peak (the backward pass),
 
-* ``PEAK_MATRICES = 6`` float64 (n, n) matrices: the input ``M``; its Cholesky factor ``L`` (kept for the
-  backward pass); the inverse ``M^{-1}``, into which the cotangent ``dM`` is accumulated in place; the
-  runtime's copy of ``dM`` when it leaves the LAPACK callback; the returned gradient buffer; and one
-  (n, n) temporary of the native path (``A A^T``, the symmetrised input, the triangular inverse);
+* ``PEAK_MATRICES = 6`` float64 (n, n) matrices: the input ``M``; its Cholesky factor ``L``; the inverse
+  ``M^{-1}``; the runtime's copy of the residual when it leaves the LAPACK callback; the returned gradient
+  buffer ``dM``; and one (n, n) temporary of the native path (``A A^T``, the symmetrised input, the
+  triangular inverse). The callback path holds fewer: it inverts the factor in place, so its ``L`` and host
+  ``M^{-1}`` share one buffer, and its backward pass is one elementwise expression;
 * ``PEAK_PANELS = 3`` float64 (n, r) panels: ``V``, ``A = M^{-1} V`` and ``dV``;
 
 so ``predict_peak_bytes(n, r) = 8 * (6 n^2 + 3 n r) + extra``. ``extra`` is for what the caller keeps alive
