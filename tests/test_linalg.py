@@ -318,3 +318,15 @@ def test_per_item_on_cpu_equals_the_batched_call(batched):
     assert "while" in hlo
     with pytest.raises(ValueError, match="batch shape"):
         linalg.per_item_on_cpu(fn, A, b[:2], batch_ndim=2)
+
+
+def test_auto_method_avoids_the_callback_with_one_cpu(monkeypatch):
+    """With one usable CPU, 'auto' takes the native path (the callback can deadlock XLA's one-worker pool)."""
+    from msrm import runtime
+    from msrm.gp import linalg
+
+    monkeypatch.setattr(runtime, "physical_cores", lambda: 1)
+    assert linalg._resolve("auto") == "native"
+    assert linalg._resolve("callback") == "callback"  # asked for explicitly: kept
+    monkeypatch.setattr(runtime, "physical_cores", lambda: 2)
+    assert linalg._resolve("auto") == ("callback" if jax.default_backend() == "cpu" else "native")

@@ -50,7 +50,8 @@ agree). When jitter or the fallback was used, the derivative is that of the regu
 regularisation held fixed. ``event`` is an integer output and takes a ``float0`` cotangent.
 
 **Platforms.** ``method="auto"`` picks ``"callback"`` when ``jax.default_backend() == "cpu"`` at trace time
-and ``"native"`` otherwise. ``"callback"``: SciPy LAPACK ``dpotrf``/``dpotrs`` (value) and ``dpotri``
+and the process may use at least two CPUs, and ``"native"`` otherwise (with one CPU the callback can deadlock
+in jaxlib 0.10's CPU runtime, see :func:`_resolve`). ``"callback"``: SciPy LAPACK ``dpotrf``/``dpotrs`` (value) and ``dpotri``
 (differentiated forward pass) inside ``jax.pure_callback``, with BLAS threads limited by threadpoolctl to
 :func:`msrm.runtime.blas_threads` (default: physical cores; a larger pool warns through
 :func:`msrm.runtime.check_oversubscription`). ``"native"``: ``jnp.linalg.cholesky`` and triangular solves with
@@ -530,7 +531,11 @@ def _resolve(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"quad_logdet: method must be one of {METHODS}, got {method!r}")
     if method == "auto":
-        return "callback" if jax.default_backend() == "cpu" else "native"
+        # One CPU: XLA's intra-op pool has a single worker, and the callback, which runs on it, can wait forever
+        # for its own operands (seen with jaxlib 0.10 under ``taskset -c 0`` at the note's sizes); native JAX
+        # has no callback.
+        one_cpu = runtime.physical_cores() < 2
+        return "callback" if jax.default_backend() == "cpu" and not one_cpu else "native"
     return method
 
 

@@ -74,8 +74,8 @@ class GPMSRM:
         spec: the ModelSpec.
         linear_algebra: ``"grouped"`` (node-space Woodbury, default), ``"dense"`` (ungrouped reference) or
             ``"state_space"`` (Kalman filter, issue 5).
-        method: factorization path for dense/grouped: ``"auto"`` (LAPACK callback on the CPU platform, native
-            JAX elsewhere), ``"callback"`` or ``"native"``.
+        method: factorization path for dense/grouped: ``"auto"`` (LAPACK callback on the CPU platform when the
+            process may use two or more CPUs, native JAX otherwise), ``"callback"`` or ``"native"``.
         priors: ``None`` (defaults), a :class:`~msrm.gp.transforms.Priors`, or a dict overriding names of
             :data:`~msrm.gp.transforms.PRIOR_DEFAULTS`.
         response_embedding, parallel, checkpoint_every, n_states: state-space options, passed through.
