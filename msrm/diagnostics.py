@@ -511,11 +511,9 @@ def _diagnose_block(x: np.ndarray, workers: int = 1, store: dict | None = None) 
 
     with np.errstate(invalid="ignore", divide="ignore"):
         var = c2.sum(axis=(1, 2)) / (C * D - 1)
-        mcse_mean = np.sqrt(var / ess[:, 3])
         evar = c2.mean(axis=(1, 2))
         np.square(c2, out=c2)
-        varvar = (c2.mean(axis=(1, 2)) - evar**2) / ess[:, 4]
-        mcse_sd = np.sqrt(varvar / evar / 4)
+        m4 = c2.mean(axis=(1, 2))
         if C >= 2:
             z_bulk -= cmean[:, 0, :, None]
             bulk_var = np.square(z_bulk, out=z_bulk).sum(axis=2) / (h - 1)
@@ -529,15 +527,23 @@ def _diagnose_block(x: np.ndarray, workers: int = 1, store: dict | None = None) 
         else:
             r_hat = np.full(Pf, np.nan)
 
-    out["sd"][rows] = np.sqrt(var)
-    out["q5"][rows] = q[:, 0]
-    out["q95"][rows] = q[:, 1]
-    out["mcse_mean"][rows] = mcse_mean
-    out["mcse_sd"][rows] = mcse_sd
-    out["ess_bulk"][rows] = ess[:, 0]
-    out["ess_tail"][rows] = _min_like_python(ess[:, 1], ess[:, 2])
-    out["r_hat"][rows] = r_hat
+    _fill_columns(out, rows, var, q[:, 0], q[:, 1], r_hat, evar, m4, ess)
     return out
+
+
+def _fill_columns(out, rows, var, q05, q95, r_hat, evar, m4, ess) -> None:
+    """Write the columns both engines derive alike into ``out[...][rows]``: from the variance (ddof 1), the
+    quantiles, R-hat, the mean squared deviation ``evar`` and its square's mean ``m4``, and the five ESS values
+    (bulk, the two tail indicators, the split draws, the split squared deviations)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["sd"][rows] = np.sqrt(var)
+        out["q5"][rows] = q05
+        out["q95"][rows] = q95
+        out["mcse_mean"][rows] = np.sqrt(var / ess[:, 3])
+        out["mcse_sd"][rows] = np.sqrt((m4 - evar**2) / ess[:, 4] / evar / 4)
+        out["ess_bulk"][rows] = ess[:, 0]
+        out["ess_tail"][rows] = _min_like_python(ess[:, 1], ess[:, 2])
+        out["r_hat"][rows] = r_hat
 
 
 def _diagnose_block_compiled(x: np.ndarray, store: dict | None = None) -> dict[str, np.ndarray]:
@@ -563,17 +569,11 @@ def _diagnose_block_compiled(x: np.ndarray, store: dict | None = None) -> dict[s
 
     out = {name: np.full(P, np.nan) for name in COLUMNS}
     ok = finite
+    st = stats[ok]
+    out["mean"][ok] = st[:, K.MEAN]
+    _fill_columns(out, ok, st[:, K.VAR], st[:, K.Q05], st[:, K.Q95], st[:, K.RHAT], st[:, K.EVAR], st[:, K.M4],
+                  ess[ok])
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["mean"][ok] = stats[ok, K.MEAN]
-        out["sd"][ok] = np.sqrt(stats[ok, K.VAR])
-        out["q5"][ok] = stats[ok, K.Q05]
-        out["q95"][ok] = stats[ok, K.Q95]
-        out["r_hat"][ok] = stats[ok, K.RHAT]
-        out["mcse_mean"][ok] = np.sqrt(stats[ok, K.VAR] / ess[ok, 3])
-        evar = stats[ok, K.EVAR]
-        out["mcse_sd"][ok] = np.sqrt((stats[ok, K.M4] - evar**2) / ess[ok, 4] / evar / 4)
-        out["ess_bulk"][ok] = ess[ok, 0]
-        out["ess_tail"][ok] = _min_like_python(ess[ok, 1], ess[ok, 2])
         bad = np.flatnonzero(~ok)
         if bad.size:  # a non-finite draw: mean and sd as NumPy gives them, the rest NaN (as ArviZ)
             flat = x[bad].reshape(bad.size, -1)

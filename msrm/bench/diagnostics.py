@@ -82,6 +82,23 @@ def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: 
         def row(metric, value, unit, **extra):
             rows.append(make_row(NOTEBOOK, "diagnostics", metric, value, unit, info=info, **common, **extra))
 
+        def agreement(metric, got, want, **extra):
+            """Largest relative difference of the ESS, MCSE and R-hat columns, or an error row when the two
+            disagree on which entries are finite."""
+            worst = 0.0
+            for col in ("mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat"):
+                a, b = got[col].to_numpy(), want[col].to_numpy()
+                ok = np.isfinite(a) & np.isfinite(b)
+                if not np.array_equal(np.isfinite(a), np.isfinite(b)):
+                    worst = np.inf
+                elif ok.any():
+                    worst = max(worst, float(np.max(np.abs(a[ok] - b[ok]) / np.abs(b[ok]))))
+            if np.isfinite(worst):
+                row(metric, worst, "", **extra)
+            else:
+                rows.append(make_row(NOTEBOOK, "diagnostics", metric, None, "", status="error", info=info,
+                                     **common, **extra, error="NaN patterns differ"))
+
         engine = diag._resolve_engine("auto")
         impl = f"msrm.diagnostics[{engine}]"
         t0 = time.perf_counter()
@@ -106,16 +123,7 @@ def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: 
             alt_s = time.perf_counter() - t0
             row("msrm_numpy_engine_seconds", alt_s, "s", implementation="msrm.diagnostics[numpy]", engine="numpy")
             row("numpy_engine_over_default", alt_s / ours_s, "x", engine=engine)
-            cols = ["mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat"]
-            a, b = ours[cols].to_numpy(), alt[cols].to_numpy()
-            same_nan = np.array_equal(np.isnan(a), np.isnan(b))
-            ok = ~np.isnan(b)
-            if same_nan:
-                row("max_rel_diff_engines", float(np.max(np.abs(a[ok] - b[ok]) / np.abs(b[ok]), initial=0.0)), "",
-                    engine=engine)
-            else:
-                rows.append(make_row(NOTEBOOK, "diagnostics", "max_rel_diff_engines", None, "", status="error",
-                                     info=info, **common, engine=engine, error="NaN patterns differ"))
+            agreement("max_rel_diff_engines", ours, alt, engine=engine)
             del alt
 
         n_az = P if cfg["arviz_params"] is None else min(P, cfg["arviz_params"])
@@ -128,18 +136,6 @@ def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: 
         row("arviz_projected_seconds_all_params", az_s / n_az * P, "s", implementation="arviz.summary",
             arviz_params=n_az, projected=n_az < P)
         row("speedup_per_param", (az_s / n_az) / (ours_s / P), "x", arviz_params=n_az)
-        worst = 0.0
-        for col in ("mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat"):
-            a, b = ours[col].to_numpy()[:n_az], ref[col].to_numpy()
-            ok = np.isfinite(a) & np.isfinite(b)
-            if not np.array_equal(np.isfinite(a), np.isfinite(b)):
-                worst = np.inf
-            elif ok.any():
-                worst = max(worst, float(np.max(np.abs(a[ok] - b[ok]) / np.abs(b[ok]))))
-        if np.isfinite(worst):
-            row("max_rel_diff_vs_arviz", worst, "", arviz_params=n_az)
-        else:
-            rows.append(make_row(NOTEBOOK, "diagnostics", "max_rel_diff_vs_arviz", None, "", status="error",
-                                 info=info, **common, arviz_params=n_az, error="NaN patterns differ"))
+        agreement("max_rel_diff_vs_arviz", ours.iloc[:n_az], ref, arviz_params=n_az)
         del x
     return rows
