@@ -3,9 +3,10 @@
 * the discretised Matérn SDEs reproduce the kernel matrix on a grid;
 * the exact filter equals the brute-force density (full observation covariance + SciPy) and the grouped backend,
   for every kernel, both poolings, missing values and two runs;
-* gradients equal central finite differences; the hand-written reverse mode (:mod:`.adjoint`, what ``loglik``
-  uses) equals JAX's autodiff of the sequential scan; the associative scan equals the sequential scan (value and
-  gradient); checkpointed equals unchecked; the approximate banks converge toward the exact density.
+* gradients equal central finite differences; the hand-written reverse mode (:mod:`.adjoint` in XLA and
+  :mod:`.host` on the host, what ``loglik`` uses) equals JAX's autodiff of the block scan; the associative scan
+  equals the sequential scan (value and gradient); checkpointed equals unchecked; the block length changes
+  nothing; the approximate banks converge toward the exact density.
 """
 from __future__ import annotations
 
@@ -68,10 +69,22 @@ def test_exact_equals_brute_force_and_grouped(kernel, pooling):
     data, truth = tiny(kernel, pooling)
     theta = theta_of(truth.params)
     ref = brute_force_loglik(data, truth.spec, truth.params)
-    ss = value(prepare(data, truth.spec), theta)
     grouped = float(gl.grouped_loglik(theta, gl.prepare(data, truth.spec))[0])
-    assert abs(ss - ref) <= 1e-8 * abs(ref)
-    assert abs(ss - grouped) <= 1e-8 * abs(grouped)
+    for method in ("native", "callback"):
+        ss = value(prepare(data, truth.spec, method=method), theta)
+        assert abs(ss - ref) <= 1e-8 * abs(ref), method
+        assert abs(ss - grouped) <= 1e-8 * abs(grouped), method
+
+
+@pytest.mark.parametrize("block", [1, 3, 7])
+def test_block_length_does_not_change_the_density(block):
+    data, truth = tiny("matern52", "individual")
+    theta = theta_of(truth.params)
+    ref = value(prepare(data, truth.spec, block=4, method="native"), theta)
+    p = prepare(data, truth.spec, block=block, method="native")
+    t = p.runs[0].tables
+    assert t.block == block and t.n_ring % block == 0 and t.n_ring >= t.L + block
+    assert abs(value(p, theta) - ref) <= 1e-10 * abs(ref)
 
 
 def test_events_are_zero_and_one_per_run():
@@ -88,12 +101,16 @@ def test_every_node_is_absorbed_once():
     for g in t.groups:
         filled = g.slot_local[g.slot_local < g.n_g]
         assert np.array_equal(np.sort(filled), np.arange(g.n_g))
-        # a node is absorbed on a sub-step of the grid step where its window ends
-        steps = np.broadcast_to(t.grid_index[:, None], g.slot_local.shape)[g.slot_local < g.n_g]
+        # a node is absorbed on a sub-step of the block where its window ends
+        blocks = np.broadcast_to(t.block_index[:, None], g.slot_local.shape)[g.slot_local < g.n_g]
         ends = g.window.start + g.window.width - 1
-        assert np.array_equal(steps, ends[filled])
-    assert t.grid_index.size == t.chunk * t.n_chunks
-    assert t.predict.sum() == t.n_steps  # one prediction per grid step
+        assert np.array_equal(blocks, ends[filled] // t.block)
+        # and reads ring slots that hold its window's steps while the block is absorbed
+        steps = g.window.start[:, None] + np.arange(g.width)
+        assert np.array_equal(g.ring_pos[:-1], steps % t.n_ring)
+        assert np.all(steps >= (ends // t.block * t.block - t.L)[:, None])
+    assert t.block_index.size == t.chunk * t.n_chunks
+    assert t.predict.sum() == t.n_blocks  # one prediction per block
 
 
 def _fd_check(prepared, theta, paths, h=1e-5, rtol=2e-6):
@@ -153,19 +170,59 @@ def _runs_total(fn):
     ],
 )
 def test_adjoint_gradient_equals_autodiff(kernel, pooling, missing, options):
-    # two runs, missing values, every kernel and both poolings, checkpointing on and off, banks
+    # two runs, missing values, every kernel and both poolings, checkpointing on and off, banks, blocks split into
+    # sub-steps that do not predict; the reverse pass in XLA and on the host
     data, truth = tiny(kernel, pooling, missing=missing, n_runs=2)
     theta = theta_of(truth.params)
-    prepared = prepare(data, truth.spec, **options)
-    v_ad, g_ad = jax.jit(jax.value_and_grad(_runs_total(run_loglik_sequential)))(theta, prepared)
-    v_adj, g_adj = jax.jit(jax.value_and_grad(_runs_total(run_loglik_adjoint)))(theta, prepared)
-    assert abs(float(v_adj) - float(v_ad)) <= 1e-12 * abs(float(v_ad))
+    reference = prepare(data, truth.spec, method="native", **options)
+    assert not reference.runs[0].tables.predict.all()
+    v_ad, g_ad = jax.jit(jax.value_and_grad(_runs_total(run_loglik_sequential)))(theta, reference)
     flat_ad, tree_ad = jax.tree_util.tree_flatten(g_ad)
-    flat_adj, tree_adj = jax.tree_util.tree_flatten(g_adj)
-    assert tree_ad == tree_adj
     scale = max(float(np.max(np.abs(x))) for x in flat_ad)
-    for x, y in zip(flat_ad, flat_adj):
-        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-9, atol=1e-10 * scale)
+    for method in ("native", "callback"):
+        prepared = prepare(data, truth.spec, method=method, **options)
+        assert prepared.runs[0].tables.method == method
+        v_adj, g_adj = jax.jit(jax.value_and_grad(_runs_total(run_loglik_adjoint)))(theta, prepared)
+        assert abs(float(v_adj) - float(v_ad)) <= 1e-12 * abs(float(v_ad)), method
+        flat_adj, tree_adj = jax.tree_util.tree_flatten(g_adj)
+        assert tree_ad == tree_adj
+        for x, y in zip(flat_ad, flat_adj):
+            np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-9, atol=1e-10 * scale, err_msg=method)
+
+
+def test_small_part_reverse_mode_equals_autodiff():
+    # absorb_small_vjp (hand-written, from G^-1) against JAX's reverse mode of absorb_small, with a singular block
+    from msrm.gp.state_space.filter import absorb_small, absorb_small_vjp, blockdiag
+
+    msrm.runtime.enable_x64()
+    rng = np.random.default_rng(3)
+    M, K = 3, 2
+    Bm = rng.standard_normal((M * K, 9))
+    C = jnp.asarray(Bm @ Bm.T)
+    F = rng.standard_normal((M, K, 1))
+    Ls = jnp.asarray(np.einsum("mki,mli->mkl", F, F))  # rank one blocks: Λ singular
+    Lb, mu, e = blockdiag(Ls), jnp.asarray(rng.standard_normal(M * K)), jnp.asarray(rng.standard_normal(M * K))
+    (Giv, GiL, _), _, Z = absorb_small(mu, C, Lb, e)
+    cts = (jnp.asarray(rng.standard_normal(M * K)), jnp.asarray(rng.standard_normal((M * K, M * K))), 0.7)
+    _, vjp = jax.vjp(lambda *a: absorb_small(*a)[0], mu, C, Lb, e)
+    ref = vjp(cts)
+    got = absorb_small_vjp(mu, C, Lb, e, Z, Giv, cts)
+    for r, g, sym in zip(ref, got, (False, True, True, False)):
+        r, g = np.asarray(r), np.asarray(g)
+        if sym:  # C and Λ are symmetric inputs: only the symmetric part of their cotangent is defined
+            r, g = 0.5 * (r + r.T), 0.5 * (g + g.T)
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+
+
+def test_auto_method_is_native_with_one_cpu(monkeypatch):
+    from msrm import runtime
+
+    data, truth = tiny(n_runs=1)
+    monkeypatch.setattr(runtime, "physical_cores", lambda: 1)
+    assert prepare(data, truth.spec).runs[0].tables.method == "native"
+    monkeypatch.setattr(runtime, "physical_cores", lambda: 2)
+    assert prepare(data, truth.spec).runs[0].tables.method == "callback"
+    assert prepare(data, truth.spec, parallel=True).runs[0].tables.method == "native"
 
 
 def test_bank_gradient_matches_finite_differences():
@@ -254,6 +311,9 @@ def test_bank_basis_is_orthonormal():
         ({"parallel": "yes"}, "parallel"),
         ({"checkpoint_every": -1}, "checkpoint_every"),
         ({"checkpoint_every": 2.5}, "checkpoint_every"),
+        ({"block": 0}, "block"),
+        ({"block": 2.0}, "block"),
+        ({"method": "gpu"}, "method"),
     ],
 )
 def test_bad_options_raise_named_errors(kwargs, match):

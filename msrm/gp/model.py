@@ -74,8 +74,10 @@ class GPMSRM:
         spec: the ModelSpec.
         linear_algebra: ``"grouped"`` (node-space Woodbury, default), ``"dense"`` (ungrouped reference) or
             ``"state_space"`` (Kalman filter, issue 5).
-        method: factorization path for dense/grouped: ``"auto"`` (LAPACK callback on the CPU platform when the
-            process may use two or more CPUs, native JAX otherwise), ``"callback"`` or ``"native"``.
+        method: ``"auto"`` (a host callback on the CPU platform when the process may use two or more CPUs,
+            native JAX otherwise), ``"callback"`` or ``"native"``. For dense/grouped it picks the LAPACK
+            factorization path; for state_space, where the sequential filter runs (NumPy and SciPy's BLAS on the
+            host, or an XLA scan).
         priors: ``None`` (defaults), a :class:`~msrm.gp.transforms.Priors`, or a dict overriding names of
             :data:`~msrm.gp.transforms.PRIOR_DEFAULTS`.
         response_embedding, parallel, checkpoint_every, n_states: state-space options, passed through.
@@ -156,7 +158,7 @@ class GPMSRM:
                     "linear_algebra='state_space' is not available yet (issue 5: msrm.gp.state_space has no "
                     "prepare/loglik)"
                 )
-            prepared = backend.prepare(data, spec, **ss_options)
+            prepared = backend.prepare(data, spec, method=method, **ss_options)
             self._node_counts: list[int] = []
             self.prepared = jax.device_put(prepared, place)
         else:

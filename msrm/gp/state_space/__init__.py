@@ -6,8 +6,9 @@ and ``loglik(theta, prepared) -> (value, events)`` (pure JAX, jit/grad-able) are
 of each run whose update matrix ``G`` lost positive determinant (0 in a healthy run).
 
 Modules: :mod:`.sde` (Matérn SDEs), :mod:`.embedding` (delay line and banks), :mod:`.prepare`,
-:mod:`.filter` (sequential, checkpointed scan), :mod:`.adjoint` (its hand-written reverse mode, used by
-:func:`loglik`), :mod:`.parallel` (associative scan).
+:mod:`.filter` (sequential block scan, checkpointed), :mod:`.adjoint` (its hand-written reverse mode, used by
+:func:`loglik`), :mod:`.host` (the same filter and reverse mode in NumPy/BLAS, ``method="callback"``),
+:mod:`.parallel` (associative scan).
 """
 from __future__ import annotations
 

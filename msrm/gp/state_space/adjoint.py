@@ -1,155 +1,46 @@
-r"""Hand-written reverse mode of the sequential filter (the adjoint form of the Kalman-filter gradient).
+r"""Hand-written reverse mode of the block filter (the adjoint form of the Kalman-filter gradient).
 
-Reverse-mode autodiff through ``lax.scan`` differentiates every S x S operation of a step, stores or recomputes
-the intermediates of all of them and transposes the slice updates of the delay line into full-size copies.
+Reverse-mode autodiff through ``lax.scan`` differentiates every S x S operation of a sub-step, stores or
+recomputes the intermediates of all of them and transposes each row or column write into a full-size copy.
 Here the scan has a ``jax.custom_vjp`` whose backward pass carries only the adjoints ``(m̄, P̄)`` of the
-filtered mean and covariance, step by step in reverse:
+filtered mean and covariance (``P̄`` kept symmetric), sub-step by sub-step in reverse:
 
 * **absorb** ``m' = m + U G⁻¹v``, ``P' = P − U W Uᵀ`` with ``U = P Bᵀ``, ``W = sym(G⁻¹Λ)``: with
-  ``Y = P̄' U`` (the one dense S x S x MK product of the step),
+  ``Y = P̄' U`` (the one dense S x S x MK product of the sub-step),
 
   .. math::
 
       Ū = m̄' (G^{-1}v)^\top - 2 Y W + B^\top \bar C, \qquad \bar W = -U^\top Y, \qquad
       \bar P = \bar P' + \mathrm{sym}(B^\top Ū^\top),\qquad \bar m = \bar m' + B^\top \bar μ,
 
-  where ``(μ̄, C̄, Λ̄, η̄)`` come from the small (MK x MK) part of the step (``G``, its solve and log
-  determinant), differentiated by JAX. ``B`` is never formed: the step's ring-mode nodes read the delay line
-  through one (M, L + C) weight matrix over the buffer's slots (a product with a static row block of the
-  state), so ``Bᵀ Ūᵀ`` is that weight matrix's transpose times ``Ūᵀ`` added to those rows (and, symmetrised,
-  columns), and the weights' adjoint is ``Ūᵀ`` against the same rows of ``P``.
-* **predict** is linear in ``(m, P)`` (the delay-line write is a row/column copy, the SDE step touches ``K d``
-  rows, the rebase is a copy): its transpose maps ``P̄ ↦ Tᵀ P̄ T`` by slices, and ``Φ̄, Q̄`` need only the
-  ``K d`` SDE rows of the filtered state. (With a filter bank the prediction's transpose is left to JAX.)
+  where ``(μ̄, C̄, Λ̄, η̄)`` come from the small (MK x MK) part (``G``, its solve and log determinant),
+  differentiated by JAX. ``B`` is the sub-step's weight matrix ``A`` (M, N + n) over the ring and bank rows,
+  so ``Bᵀ Ūᵀ`` is ``Aᵀ`` times ``Ūᵀ`` added to those rows (and, symmetrised, columns), and ``Ā`` is ``Ūᵀ``
+  against the same rows of ``P``.
+* **predict** is ``P ← F P Fᵀ + Q_f`` with ``F`` the identity except the rows it writes: the SDE write
+  (``y = T s``) and, with a bank, the bank move. Its transpose ``P̄ ↦ Fᵀ P̄ F`` touches those rows and
+  columns only, and ``T̄ = 2 (P̄' F P)[y, s] + m̄'_y m_sᵀ``, ``Q̄_b = P̄'[y, y]`` (per factor) need only
+  ``P[:, s]``, the SDE columns of the absorbed covariance.
 
 Memory: the forward pass keeps the state ``(m, P)`` at the start of each checkpointed chunk; the backward pass
-recomputes one chunk at a time (keeping that chunk's per-step states) and runs the adjoint over it, so
-residual memory grows with ``n_chunks + chunk`` (≈ 2 sqrt(steps)) S x S matrices, as in the autodiff path.
-With ``checkpoint_every=0`` there is one chunk (every step's state is kept). The result equals the autodiff
-gradient to rounding (tested).
+recomputes one chunk at a time (keeping that chunk's per-sub-step states) and runs the adjoint over it, so
+residual memory grows with ``n_chunks + chunk`` (≈ 2 sqrt(sub-steps)) S x S matrices. With
+``checkpoint_every=0`` there is one chunk (every sub-step's state is kept). The result equals the autodiff
+gradient of :func:`msrm.gp.state_space.filter.run_loglik_sequential` to rounding (tested).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-from .filter import (group_readouts, initial_state, node_arrays, predict, slot_information, transition_blocks)
+from .filter import (_bank_block_moved, _cols, _ring_base, _rows, _sym, absorb_small_vjp, apply_B,
+                     block_transition, blockdiag, forward_step, initial_state, moved_transition, scan_inputs,
+                     step_tables)
 from .prepare import RunTables
 
 __all__ = ["run_loglik_adjoint"]
-
-
-def _sym(X):
-    return 0.5 * (X + X.T)
-
-
-def _weights(t: RunTables, j, a_groups):
-    """The step's readout as dense weights: ``(A_ring (M_r, L + C), a_cur (M_r,), a_bank tuple)``.
-
-    A ring-mode node of width w ending at step j weighs the current values (rows 0..K-1) by its last weight and
-    buffer slots ``L - w + 1 + j mod C ..`` by the others; all ring nodes share one (M_r, L + C) weight matrix
-    over the whole buffer, so reading is one matrix product with a static row block of the state.
-    """
-    n_slots = t.L + t.rebase
-    ring, cur, bank = [], [], []
-    for g, a in zip(t.groups, a_groups):
-        if g.mode == "bank":
-            bank.append(a)
-            continue
-        w = g.width
-        cur.append(a[:, w - 1])
-        row = jnp.zeros((a.shape[0], n_slots))
-        if w > 1:
-            s0 = (t.L - w + 1 + j % t.rebase).astype(jnp.int32)
-            row = lax.dynamic_update_slice(row, a[:, : w - 1], (jnp.zeros((), jnp.int32), s0))
-        ring.append(row)
-    if not ring:
-        return jnp.zeros((0, n_slots)), jnp.zeros(0), tuple(bank)
-    return jnp.concatenate(ring), jnp.concatenate(cur), tuple(bank)
-
-
-def _apply_B(t: RunTables, X, wts):
-    """Stacked node map ``B X`` (M K, r), nodes in group order (ring groups first as in the slot tables)."""
-    Aring, acur, abank = wts
-    K, r0, nS = t.K, t.ring_offset, t.L + t.rebase
-    r = X.shape[1]
-    out, i = [], 0
-    ring = (Aring @ X[r0 : r0 + nS * K].reshape(nS, K * r)).reshape(-1, K, r) + acur[:, None, None] * X[None, :K]
-    bank_iter = iter(abank)
-    for g in t.groups:
-        if g.mode == "bank":
-            a = next(bank_iter)
-            b0, n = t.bank_offset, t.n_bank
-            out.append(jnp.einsum("ikx,mi->mkx", X[b0 : b0 + n * K].reshape(n, K, r), a).reshape(-1, r))
-        else:
-            Mg = g.n_slots
-            out.append(ring[i : i + Mg].reshape(-1, r))
-            i += Mg
-    return jnp.concatenate(out)
-
-
-def _small(mu, C, Lb, e):
-    """The MK x MK part of an absorb: (G⁻¹v, sym(G⁻¹Λ), log Z) and the sign of |G|."""
-    G = jnp.eye(C.shape[0]) + Lb @ C
-    v = e - Lb @ mu
-    X = jnp.linalg.solve(G, jnp.concatenate([Lb, v[:, None]], axis=1))
-    GiL, Giv = _sym(X[:, :-1]), X[:, -1]
-    sign, logdet = jnp.linalg.slogdet(G)
-    logZ = -0.5 * mu @ (Lb @ mu) + e @ mu + 0.5 * v @ (C @ Giv) - 0.5 * logdet
-    return (Giv, GiL, logZ), sign
-
-
-def _step_inputs(x, readouts, Lam, eta):
-    j, move, slots = x
-    a_groups = [R[loc] for R, (loc, _) in zip(readouts, slots)]
-    Lb, e = slot_information(Lam, eta, jnp.concatenate([gl for _, gl in slots]))
-    return j, move, a_groups, Lb, e
-
-
-def _forward_step(t: RunTables, m, P, x, readouts, Lam, eta, blocks):
-    """One sub-step (absorb, then predict on the last sub-step of a grid step): (m, P, log Z, bad)."""
-    j, move, a_groups, Lb, e = _step_inputs(x, readouts, Lam, eta)
-    wts = _weights(t, j, a_groups)
-    U = _apply_B(t, P, wts).T
-    mu = _apply_B(t, m[:, None], wts)[:, 0]
-    C = _sym(_apply_B(t, U, wts))
-    (Giv, GiL, logZ), sign = _small(mu, C, Lb, e)
-    m = m + U @ Giv
-    P = P - U @ (GiL @ U.T)
-    m, P = lax.cond(move, lambda mp: predict(mp[0], mp[1], j, t, blocks), lambda mp: mp, (m, P))
-    return m, P, logZ, (sign <= 0).astype(jnp.int32)
-
-
-def _read_transpose(t: RunTables, wts, Ubt, P):
-    """For the readout ``Uᵀ = B P`` and its cotangent ``Ūᵀ`` (n, S): the row blocks of ``Bᵀ Ūᵀ`` (current
-    rows (K, S), ring buffer ((L + C) K, S), bank rows (n_bank K, S) or None) and the adjoint of the weights."""
-    Aring, acur, abank = wts
-    K, S, r0, nS = t.K, Ubt.shape[1], t.ring_offset, t.L + t.rebase
-    Mr = Aring.shape[0]
-    U3 = Ubt.reshape(-1, K, S)
-    ring_idx, bank_parts, i, k = [], [], 0, 0
-    for g in t.groups:
-        Mg = g.n_slots
-        if g.mode == "bank":
-            bank_parts.append((U3[i : i + Mg], abank[k]))
-            k += 1
-        else:
-            ring_idx.append(U3[i : i + Mg])
-        i += Mg
-    Ur = jnp.concatenate(ring_idx) if ring_idx else jnp.zeros((0, K, S))  # (Mr, K, S)
-    Pring = P[r0 : r0 + nS * K].reshape(nS, K * S)
-    Zring = (Aring.T @ Ur.reshape(Mr, K * S)).reshape(nS * K, S)
-    Zcur = jnp.einsum("m,mkx->kx", acur, Ur)
-    Aring_b = jnp.einsum("mkx,pkx->mp", Ur, Pring.reshape(nS, K, S))  # (a matmul with Pring.T copies it)
-    acur_b = jnp.einsum("mkx,kx->m", Ur, P[:K])
-    Zbank, abank_b = None, []
-    if bank_parts:
-        b0, n = t.bank_offset, t.n_bank
-        Pbank = P[b0 : b0 + n * K].reshape(n, K, S)
-        Zbank = sum(jnp.einsum("mi,mkx->ikx", a, Ug) for Ug, a in bank_parts).reshape(n * K, S)
-        abank_b = [jnp.einsum("mkx,ikx->mi", Ug, Pbank) for Ug, _ in bank_parts]
-    return Zcur, Zring, Zbank, (Aring_b, acur_b, tuple(abank_b))
 
 
 def _add_sym_rows(Pb, r, Z):
@@ -161,216 +52,237 @@ def _add_sym_rows(Pb, r, Z):
     return Pb
 
 
-def _predict_transpose(t: RunTables, j, mb, Pb, Phi, m_rows, A_rows):
-    """Adjoint of :func:`msrm.gp.state_space.filter.predict` (delay-line layout without a bank), by slices.
+def _sde_write_transpose(t: RunTables, b, move, mb, Pb, T, Qb, Xs, ms):
+    """Adjoint of :func:`msrm.gp.state_space.filter.sde_write`.
 
     Args:
-        mb, Pb: adjoints after the prediction; m_rows (K d,), A_rows (K d, S): the SDE rows of the mean and
-            covariance just before the SDE step (after the delay-line write).
+        mb, Pb: adjoints after the write; T (K, Y, d), Q_b: as given to the write; Xs (S, d K), ms (d K,): the
+            SDE columns of the covariance and the SDE mean just before the write.
     Returns:
-        (mb, Pb) before the prediction, Φ̄, Q̄.
+        (mb, Pb) before the write, T̄ (K, Y, d), Q̄_b (K, Y, Y) (zero unless ``move``).
     """
-    K, Kd, L, C, r0 = t.K, t.K * t.d, t.L, t.rebase, t.ring_offset
-    S = Pb.shape[0]
-
-    def unrebase(mp):
-        mb, Pb = mp
-        LK, CK = L * K, C * K
-
-        def tr(X, axis):  # the rebase's transpose along one axis (buffer rows r0 .. r0 + (L + C) K)
-            block = lax.slice_in_dim(X, r0, r0 + (L + C) * K, axis=axis)
-            low = lax.slice_in_dim(block, 0, LK, axis=axis)
-            top = lax.slice_in_dim(block, LK, (L + C) * K, axis=axis)
-            shape = list(block.shape)
-            shape[axis] = CK
-            new = jnp.concatenate([jnp.zeros(shape), low], axis=axis)
-            new = new + jnp.concatenate([jnp.zeros_like(low), top], axis=axis)
-            return lax.dynamic_update_slice_in_dim(X, new, r0, axis=axis)
-
-        return tr(mb, 0), tr(tr(Pb, 0), 1)
-
-    mb, Pb = lax.cond((j + 1) % C == 0, unrebase, lambda mp: mp, (mb, Pb))
-    # SDE step: rows P[:Kd] <- Phi P[:Kd], then columns P[:, :Kd] <- P[:, :Kd] Phi^T, then + Q
-    Qb = Pb[:Kd, :Kd]
-    cols_T = A_rows.at[:, :Kd].set(A_rows[:, :Kd] @ Phi.T)  # Pint[:, :Kd]^T, Pint = after the row step
-    colsb = Pb[:, :Kd]
-    Phib = colsb.T @ cols_T.T
-    Pb = Pb.at[:, :Kd].set(colsb @ Phi)
-    rowsb = Pb[:Kd, :]
-    Phib = Phib + rowsb @ A_rows.T
-    Pb = Pb.at[:Kd, :].set(Phi.T @ rowsb)
-    Phib = Phib + jnp.outer(mb[:Kd], m_rows)
-    mb = mb.at[:Kd].set(Phi.T @ mb[:Kd])
-    # delay-line write: rows r <- rows :K, then columns r <- columns :K
-    r = (r0 + (L + j % C) * K).astype(jnp.int32)
+    K, C, d, S = t.K, t.block, t.d, Pb.shape[0]
+    T, _ = moved_transition(t, move, T, Qb)
+    s0, r1 = jnp.asarray(t.sde_offset, jnp.int32), _ring_base(t, b + 1) * K
     zero = jnp.zeros((), jnp.int32)
-    colr = lax.dynamic_slice(Pb, (zero, r), (S, K))
-    Pb = Pb.at[:, :K].add(colr)
-    Pb = lax.dynamic_update_slice(Pb, jnp.zeros((S, K)), (zero, r))
-    rowr = lax.dynamic_slice(Pb, (r, zero), (K, S))
-    Pb = Pb.at[:K, :].add(rowr)
-    Pb = lax.dynamic_update_slice(Pb, jnp.zeros((K, S)), (r, zero))
-    mr = lax.dynamic_slice(mb, (r,), (K,))
-    mb = lax.dynamic_update_slice(mb.at[:K].add(mr), jnp.zeros(K), (r,))
-    return mb, Pb, Phib, Qb
+    Y = C + d
+    # F P restricted to the SDE columns: rows y replaced by T P[s, s]
+    FX = jnp.einsum("kyi,ikc->ykc", T, _rows(Xs, s0, d * K).reshape(d, K, d * K))
+    FPs = lax.dynamic_update_slice(Xs, FX[:C].reshape(C * K, d * K), (r1, zero))
+    FPs = lax.dynamic_update_slice(FPs, FX[C:].reshape(d * K, d * K), (s0, zero))
+    Wr, Ws = _rows(Pb, r1, C * K), _rows(Pb, s0, d * K)
+    Wy = jnp.concatenate([Wr, Ws]).reshape(Y, K, S)
+    G = jnp.einsum("yks,sil->ykil", Wy, FPs.reshape(S, d, K))
+    my = jnp.concatenate([_rows(mb, r1, C * K), _rows(mb, s0, d * K)]).reshape(Y, K)
+    Tb = 2.0 * jnp.einsum("ykik->kyi", G) + jnp.einsum("yk,ik->kyi", my, ms.reshape(d, K))
+    Wyy = jnp.concatenate([_cols(Wy.reshape(Y * K, S), r1, C * K), _cols(Wy.reshape(Y * K, S), s0, d * K)], axis=1)
+    Qbb = jnp.einsum("ykzl,kl->kyz", Wyy.reshape(Y, K, Y, K), jnp.eye(K))
+    # Fᵀ P̄ F: rows, then columns (the ring rows are dropped by a write, kept otherwise)
+    Pb = lax.dynamic_update_slice(Pb, jnp.where(move, 0.0, Wr), (r1, zero))
+    Pb = lax.dynamic_update_slice(Pb, jnp.einsum("kyi,yks->iks", T, Wy).reshape(d * K, S), (s0, zero))
+    Vr = _cols(Pb, r1, C * K)
+    Vy = jnp.concatenate([Vr, _cols(Pb, s0, d * K)], axis=1).reshape(S, Y, K)
+    Pb = lax.dynamic_update_slice(Pb, jnp.where(move, 0.0, Vr), (zero, r1))
+    Pb = lax.dynamic_update_slice(Pb, jnp.einsum("syk,kyi->sik", Vy, T).reshape(S, d * K), (zero, s0))
+    mb = lax.dynamic_update_slice(mb, jnp.where(move, 0.0, _rows(mb, r1, C * K)), (r1,))
+    mb = lax.dynamic_update_slice(mb, jnp.einsum("kyi,yk->ik", T, my).reshape(-1), (s0,))
+    return mb, Pb, jnp.where(move, Tb, 0.0), jnp.where(move, Qbb, 0.0)
 
 
-def _backward_step(t: RunTables, m, P, mb, Pb, gll, x, readouts, Lam, eta, blocks):
+def _bank_rows(t: RunTables, b, move, X):
+    """The bank move applied to the rows of X (S, r): bank rows <- Mc bank + Vc block(b)."""
+    Mc, Vc = _bank_block_moved(t, move)
+    K, n, C, r = t.K, t.n_bank, t.block, X.shape[1]
+    b0, rb = jnp.asarray(t.bank_offset, jnp.int32), _ring_base(t, b) * K
+    R = (jnp.einsum("ij,jkr->ikr", Mc, _rows(X, b0, n * K).reshape(n, K, r))
+         + jnp.einsum("il,lkr->ikr", Vc, _rows(X, rb, C * K).reshape(C, K, r)))
+    return lax.dynamic_update_slice(X, R.reshape(n * K, r), (b0, jnp.zeros((), jnp.int32)))
+
+
+def _bank_rows_transpose(t: RunTables, b, move, X):
+    """Eᵀ X for the bank move E (rows of X (S, r))."""
+    Mc, Vc = _bank_block_moved(t, move)
+    K, n, C, r = t.K, t.n_bank, t.block, X.shape[1]
+    b0, rb = jnp.asarray(t.bank_offset, jnp.int32), _ring_base(t, b) * K
+    zero = jnp.zeros((), jnp.int32)
+    Xb = _rows(X, b0, n * K).reshape(n, K, r)
+    ring = _rows(X, rb, C * K) + jnp.einsum("il,ikr->lkr", Vc, Xb).reshape(C * K, r)
+    X = lax.dynamic_update_slice(X, ring, (rb, zero))
+    return lax.dynamic_update_slice(X, jnp.einsum("ij,ikr->jkr", Mc, Xb).reshape(n * K, r), (b0, zero))
+
+
+def _backward_step(t: RunTables, m, P, Z, mb, Pb, gll, x, T, Qb):
     """Adjoint of one sub-step.
 
     Args:
-        m, P: the state before the sub-step (primal); mb, Pb: adjoints of the state after it; gll: adjoint of
-            the log likelihood.
+        m, P: the state before the sub-step (primal); Z: its ``G⁻¹``; mb, Pb: adjoints of the state after it;
+            gll: adjoint of the log likelihood; x: the sub-step's inputs (block, predict, A, Λ blocks, η).
     Returns:
-        (mb, Pb) before the sub-step, per-group readout-weight adjoints, (Λ̄ blocks (M, K, K), η̄ (M, K)),
-        (Φ̄, Q̄).
+        (mb, Pb) before the sub-step, (Ā, Λ̄ blocks, η̄) of the sub-step, (T̄, Q̄_b).
     """
-    j, move, a_groups, Lb, e = _step_inputs(x, readouts, Lam, eta)
-    wts, wts_vjp = jax.vjp(lambda a: _weights(t, j, a), a_groups)
-    K, Kd, S = t.K, t.K * t.d, P.shape[0]
-    Phi, Q, Pinf = blocks
-    U = _apply_B(t, P, wts).T  # (S, n)
-    mu = _apply_B(t, m[:, None], wts)[:, 0]
-    C = _sym(_apply_B(t, U, wts))
-    (Giv, GiL, _), small_vjp, _ = jax.vjp(_small, mu, C, Lb, e, has_aux=True)
-    rows = P[:Kd] - (U[:Kd] @ GiL) @ U.T  # SDE rows of the absorbed covariance
-    m_rows = m[:Kd] + U[:Kd] @ Giv
+    b, move, A, Ls, e = x
+    K, Kd, s0 = t.K, t.K * t.d, t.sde_offset
+    Lb = blockdiag(Ls)
+    U = apply_B(t, P, A).T  # (S, n)
+    mu = apply_B(t, m[:, None], A)[:, 0]
+    C = _sym(apply_B(t, U, A))
+    Giv, GiL = Z @ (e - Lb @ mu), _sym(Z @ Lb)
 
+    # the prediction's transpose (the identity on a sub-step that does not predict)
+    Xs = P[:, s0 : s0 + Kd] - U @ (GiL @ U[s0 : s0 + Kd].T)  # SDE columns and mean of the absorbed state
+    ms = m[s0 : s0 + Kd] + U[s0 : s0 + Kd] @ Giv
     if t.n_bank:
-        # banks: the prediction's transpose by JAX (the primal handed over is P with its SDE rows and columns
-        # replaced by the absorbed ones; nothing else of it is read)
-        P_sde = P.at[:Kd, :].set(rows).at[:, :Kd].set(rows.T)
-        m_sde = m.at[:Kd].set(m_rows)
-
-        def through(args):
-            _, vjp = jax.vjp(lambda m_, P_, Phi_, Q_: predict(m_, P_, j, t, (Phi_, Q_, Pinf)), m_sde, P_sde, Phi, Q)
-            return vjp(args)
-    else:
-        r = (t.ring_offset + (t.L + j % t.rebase) * K).astype(jnp.int32)
-        A_rows = lax.dynamic_update_slice(rows, rows[:, :K], (jnp.zeros((), jnp.int32), r))
-
-        def through(args):
-            return _predict_transpose(t, j, args[0], args[1], Phi, m_rows, A_rows)
-
-    def skip(args):
-        return args[0], args[1], jnp.zeros_like(Phi), jnp.zeros_like(Q)
-
-    mb, Pb, Phib, Qb = lax.cond(move, through, skip, (mb, Pb))
+        Xs = _bank_rows(t, b, move, Xs)
+    mb, Pb, Tb, Qbb = _sde_write_transpose(t, b, move, mb, Pb, T, Qb, Xs, ms)
+    if t.n_bank:
+        Pb = _bank_rows_transpose(t, b, move, _bank_rows_transpose(t, b, move, Pb).T)
+        mb = _bank_rows_transpose(t, b, move, mb[:, None])[:, 0]
 
     # absorb
-    Y = Pb @ U  # the dense product of the step
+    Y = Pb @ U  # the dense product of the sub-step
     Ub = mb[:, None] * Giv[None, :] - 2.0 * Y @ GiL
     GiLb = -(U.T @ Y)
     Givb = U.T @ mb
-    mub, Cb, Lbb, eb = small_vjp((Givb, GiLb, gll))
+    mub, Cb, Lbb, eb = absorb_small_vjp(mu, C, Lb, e, Z, Giv, (Givb, GiLb, gll))
     Cb = _sym(Cb)
-    # C = B U and mu = B m: the readers' VJPs on small arguments
-    _, vjp_C = jax.vjp(lambda X, w: _apply_B(t, X, w), U, wts)
-    UbC, wb_C = vjp_C(Cb)
+    _, vjp_C = jax.vjp(lambda X, w: apply_B(t, X, w), U, A)
+    UbC, Ab_C = vjp_C(Cb)
     Ub = Ub + UbC
-    _, vjp_mu = jax.vjp(lambda X, w: _apply_B(t, X, w), m[:, None], wts)
-    mb_mu, wb_mu = vjp_mu(mub[:, None])
+    _, vjp_mu = jax.vjp(lambda X, w: apply_B(t, X, w), m[:, None], A)
+    mb_mu, Ab_mu = vjp_mu(mub[:, None])
     mb = mb + mb_mu[:, 0]
-    # U^T = B P: scatter B^T Ub^T into the rows (and, symmetrised, the columns) the nodes read
-    Zcur, Zring, Zbank, wb_P = _read_transpose(t, wts, Ub.T, P)
-    zero = jnp.zeros((), jnp.int32)
-    Pb = _add_sym_rows(Pb, zero, Zcur)
-    Pb = _add_sym_rows(Pb, jnp.asarray(t.ring_offset, jnp.int32), Zring)
-    if Zbank is not None:
-        Pb = _add_sym_rows(Pb, jnp.asarray(t.bank_offset, jnp.int32), Zbank)
-    wb = jax.tree_util.tree_map(lambda x, y, z: x + y + z, wb_C, wb_mu, wb_P)
-    (ab,) = wts_vjp(wb)
-    M = Lbb.shape[0] // K
-    Lam_b = jnp.einsum("minj,mn->mij", Lbb.reshape(M, K, M, K), jnp.eye(M))
-    return mb, Pb, ab, (Lam_b, eb.reshape(M, K)), (Phib, Qb)
+    # Uᵀ = B P: Bᵀ Ūᵀ, symmetrised, into P̄; Ā = Ūᵀ against the rows of P
+    S, Q = P.shape[0], A.shape[1]
+    U3 = Ub.T.reshape(-1, K * S)
+    Z = (A.T @ U3).reshape(S, S)
+    Ab_P = U3 @ P.reshape(Q, K * S).T
+    Pb = Pb + 0.5 * (Z + Z.T)
+    M = Ls.shape[0]
+    Ls_b = jnp.einsum("minj,mn->mij", Lbb.reshape(M, K, M, K), jnp.eye(M))
+    return mb, Pb, (Ab_C + Ab_mu + Ab_P, Ls_b, eb), (Tb, Qbb)
 
 
-def _make_core(t: RunTables, xs):
-    """The chunked scan as a custom-VJP function of (readouts, Lam, eta, Phi, Q, Pinf) -> (log Z sum, bad)."""
+def _make_core(t: RunTables):
+    """The chunked scan as a custom-VJP function of (A, Λ blocks, η, T, Q_b, P∞) -> (log Z sum, bad)."""
 
-    def chunk_forward(carry, xc, consts, keep):
-        readouts, Lam, eta, blocks = consts
-
+    def chunk_forward(carry, xc, T, Qb, keep):
         def body(c, x):
             m, P, ll, bad = c
-            m2, P2, logZ, b = _forward_step(t, m, P, x, readouts, Lam, eta, blocks)
-            return (m2, P2, ll + logZ, bad + b), ((m, P) if keep else None)
+            m2, P2, logZ, b, Z = forward_step(t, m, P, x, T, Qb)
+            return (m2, P2, ll + logZ, bad + b), ((m, P, Z) if keep else None)
 
         return lax.scan(body, carry, xc)
 
-    def run(readouts, Lam, eta, Phi, Q, Pinf):
-        blocks = (Phi, Q, Pinf)
-        m0, P0 = initial_state(None, t, blocks)
-        consts = (readouts, Lam, eta, blocks)
+    def run(A, Ls, e, T, Qb, Pinf):
+        m0, P0 = initial_state(t, T, Qb, Pinf)
         carry0 = (m0, P0, jnp.zeros(()), jnp.zeros((), jnp.int32))
 
         def outer(c, xc):
-            c2, _ = chunk_forward(c, xc, consts, False)
+            c2, _ = chunk_forward(c, xc, T, Qb, False)
             return c2, (c[0], c[1])
 
-        (_, _, ll, bad), starts = lax.scan(outer, carry0, xs)
+        (_, _, ll, bad), starts = lax.scan(outer, carry0, scan_inputs(t, A, Ls, e))
         return ll, bad, starts
 
     @jax.custom_vjp
-    def core(readouts, Lam, eta, Phi, Q, Pinf):
-        ll, bad, _ = run(readouts, Lam, eta, Phi, Q, Pinf)
+    def core(A, Ls, e, T, Qb, Pinf):
+        ll, bad, _ = run(A, Ls, e, T, Qb, Pinf)
         return ll, bad.astype(jnp.float64)
 
-    def core_fwd(readouts, Lam, eta, Phi, Q, Pinf):
-        ll, bad, starts = run(readouts, Lam, eta, Phi, Q, Pinf)
-        return (ll, bad.astype(jnp.float64)), (starts, readouts, Lam, eta, Phi, Q, Pinf)
+    def core_fwd(A, Ls, e, T, Qb, Pinf):
+        ll, bad, starts = run(A, Ls, e, T, Qb, Pinf)
+        return (ll, bad.astype(jnp.float64)), (starts, A, Ls, e, T, Qb, Pinf)
 
     def core_bwd(res, cts):
-        starts, readouts, Lam, eta, Phi, Q, Pinf = res
+        starts, A, Ls, e, T, Qb, Pinf = res
         gll = cts[0]
-        blocks = (Phi, Q, Pinf)
-        consts = (readouts, Lam, eta, blocks)
         S = starts[1].shape[-1]
 
         def outer(c, inp):
-            mb, Pb, Phib, Qb = c
             start_m, start_P, xc = inp
             zero = (jnp.zeros(()), jnp.zeros((), jnp.int32))
-            _, (ms, Ps) = chunk_forward((start_m, start_P) + zero, xc, consts, True)
+            _, (ms, Ps, Zs) = chunk_forward((start_m, start_P) + zero, xc, T, Qb, True)
 
             def body(c2, item):
-                mb, Pb, Phib, Qb = c2
-                m, P, x = item
-                mb, Pb, ab, lam_eta, (dPhi, dQ) = _backward_step(t, m, P, mb, Pb, gll, x, readouts, Lam, eta,
-                                                                 blocks)
-                return (mb, Pb, Phib + dPhi, Qb + dQ), (ab, lam_eta)
+                mb, Pb, Tb, Qbb = c2
+                m, P, Z, x = item
+                mb, Pb, xb, (dT, dQ) = _backward_step(t, m, P, Z, mb, Pb, gll, x, T, Qb)
+                return (mb, Pb, Tb + dT, Qbb + dQ), xb
 
-            c2, per_step = lax.scan(body, (mb, Pb, Phib, Qb), (ms, Ps, xc), reverse=True)
-            return c2, per_step
+            return lax.scan(body, c, (ms, Ps, Zs, xc), reverse=True)
 
-        c0 = (jnp.zeros(S), jnp.zeros((S, S)), jnp.zeros_like(Phi), jnp.zeros_like(Q))
-        (mb, Pb, Phib, Qb), (ab, (Lam_bs, eta_bs)) = lax.scan(outer, c0, (starts[0], starts[1], xs), reverse=True)
-        # scatter the per-step adjoints onto readouts and nodes
-        slots = xs[2]
-        readouts_b = []
-        for R, (loc, _), a in zip(readouts, slots, ab):
-            readouts_b.append(jnp.zeros_like(R).at[loc.reshape(-1)].add(a.reshape(-1, a.shape[-1])))
-        glob = jnp.concatenate([gl for _, gl in slots], axis=-1).reshape(-1)
-        K = Lam.shape[-1]
-        Lam_b = jnp.zeros_like(Lam).at[glob].add(Lam_bs.reshape(-1, K, K))
-        eta_b = jnp.zeros_like(eta).at[glob].add(eta_bs.reshape(-1, K))
-        _, init_vjp = jax.vjp(lambda Pinf_: initial_state(None, t, (Phi, Q, Pinf_)), Pinf)
-        (Pinfb,) = init_vjp((mb, Pb))
-        return tuple(readouts_b), Lam_b, eta_b, Phib, Qb, Pinfb
+        c0 = (jnp.zeros(S), jnp.zeros((S, S)), jnp.zeros_like(T), jnp.zeros_like(Qb))
+        (mb, Pb, Tb, Qbb), (Ab, Lsb, eb) = lax.scan(outer, c0, (starts[0], starts[1], scan_inputs(t, A, Ls, e)),
+                                                    reverse=True)
+        _, init_vjp = jax.vjp(lambda T_, Q_, P_: initial_state(t, T_, Q_, P_), T, Qb, Pinf)
+        Tb0, Qb0, Pinfb = init_vjp((mb, Pb))
+        flat = lambda x, like: x.reshape(like.shape)
+        return flat(Ab, A), flat(Lsb, Ls), flat(eb, e), Tb + Tb0, Qbb + Qb0, Pinfb
+
+    core.defvjp(core_fwd, core_bwd)
+    return core
+
+
+def _make_core_host(t: RunTables):
+    """The same custom-VJP function, computed on the host by :class:`.host.HostFilter` through
+    ``jax.pure_callback`` (the initial state and its adjoint stay in JAX)."""
+    from .host import HostFilter, one_blas_thread
+
+    hf = HostFilter(t)
+    S, f64 = t.n_states, jnp.float64
+
+    def value(A, Ls, e, T, Qb, m0, P0):
+        with one_blas_thread():
+            ll, bad = hf.forward(*(np.asarray(x) for x in (A, Ls, e, T, Qb, m0, P0)), keep_starts=False)
+        return np.float64(ll), np.float64(bad)
+
+    def forward(A, Ls, e, T, Qb, m0, P0):
+        with one_blas_thread():
+            ll, bad, sm, sP = hf.forward(*(np.asarray(x) for x in (A, Ls, e, T, Qb, m0, P0)), keep_starts=True)
+        return np.float64(ll), np.float64(bad), sm, sP
+
+    def backward(A, Ls, e, T, Qb, sm, sP, gll):
+        with one_blas_thread():
+            return hf.backward(*(np.asarray(x) for x in (A, Ls, e, T, Qb, sm, sP)), float(gll))
+
+    scalar = jax.ShapeDtypeStruct((), f64)
+
+    def call(fn, shapes, *args):
+        return jax.pure_callback(fn, shapes, *args, vmap_method="sequential")
+
+    @jax.custom_vjp
+    def core(A, Ls, e, T, Qb, Pinf):
+        m0, P0 = initial_state(t, T, Qb, Pinf)
+        return call(value, (scalar, scalar), A, Ls, e, T, Qb, m0, P0)
+
+    def core_fwd(A, Ls, e, T, Qb, Pinf):
+        m0, P0 = initial_state(t, T, Qb, Pinf)
+        shapes = (scalar, scalar, jax.ShapeDtypeStruct((t.n_chunks, S), f64),
+                  jax.ShapeDtypeStruct((t.n_chunks, S, S), f64))
+        ll, bad, sm, sP = call(forward, shapes, A, Ls, e, T, Qb, m0, P0)
+        return (ll, bad), (sm, sP, A, Ls, e, T, Qb, Pinf)
+
+    def core_bwd(res, cts):
+        sm, sP, A, Ls, e, T, Qb, Pinf = res
+        like = lambda x: jax.ShapeDtypeStruct(x.shape, f64)
+        shapes = (like(A), like(Ls), like(e), like(T), like(Qb), jax.ShapeDtypeStruct((S,), f64),
+                  jax.ShapeDtypeStruct((S, S), f64))
+        Ab, Lsb, eb, Tb, Qbb, mb, Pb = call(backward, shapes, A, Ls, e, T, Qb, sm, sP, cts[0])
+        _, init_vjp = jax.vjp(lambda T_, Q_, P_: initial_state(t, T_, Q_, P_), T, Qb, Pinf)
+        Tb0, Qb0, Pinfb = init_vjp((mb, Pb))
+        return Ab, Lsb, eb, Tb + Tb0, Qbb + Qb0, Pinfb
 
     core.defvjp(core_fwd, core_bwd)
     return core
 
 
 def run_loglik_adjoint(theta, run):
-    """Log likelihood of one run by the chunked sequential scan with the hand-written reverse mode; (value,
-    bad-step count). Same value as :func:`msrm.gp.state_space.filter.run_loglik_sequential`."""
+    """Log likelihood of one run by the chunked block scan with the hand-written reverse mode (on the host with
+    ``method="callback"``, in XLA otherwise); (value, bad-step count). Same value as
+    :func:`msrm.gp.state_space.filter.run_loglik_sequential`."""
     t: RunTables = run.tables
-    Lam, eta, const = node_arrays(theta, run)
-    readouts = group_readouts(theta, t)
-    Phi, Q, Pinf = transition_blocks(theta, t)
-    slot_xs = tuple((jnp.asarray(g.slot_local), jnp.asarray(g.slot_global)) for g in t.groups)
-    xs = (jnp.asarray(t.grid_index), jnp.asarray(t.predict), slot_xs)
-    xs = jax.tree_util.tree_map(lambda a: a.reshape((t.n_chunks, t.chunk) + a.shape[1:]), xs)
-    ll, bad = _make_core(t, xs)(readouts, Lam, eta, Phi, Q, Pinf)
+    A, Ls, e, const = step_tables(theta, run)
+    T, Qb, Pinf = block_transition(theta, t)
+    core = _make_core_host(t) if t.method == "callback" else _make_core(t)
+    ll, bad = core(A, Ls, e, T, Qb, Pinf)
     return -0.5 * const + ll, lax.stop_gradient(bad).astype(jnp.int32)

@@ -3,10 +3,10 @@ r"""Response embeddings: how the state carries what a node's response window rea
 A node whose window covers grid points ``s .. s + w - 1`` sees ``x = sum_p a_p z_{s+p}``; it is absorbed at the
 step ``j = s + w - 1`` where its window ends, as the filter ``x = sum_q h_q z_{j-q}`` with ``h_q = a_{w-1-q}``.
 
-* **exact** (default): a delay line. The current value ``z_j`` is the first SDE state; the ``L = w_max - 1``
-  previous grid values live in a ring buffer (slot ``j mod L`` holds ``z_j`` once the filter has moved past step
-  ``j``), so moving one step writes one slot per factor instead of shifting the whole line. Every window the
-  bounds allow is read exactly: the density equals the grouped one up to rounding.
+* **exact** (default): a delay line. The grid values ``z_j`` the windows can reach live in a ring of ``N`` slots
+  per factor (slot ``j mod N``; :mod:`.prepare` sizes it for every window that ends inside a block of steps),
+  so moving forward writes new slots instead of shifting the whole line. Every window the bounds allow is read
+  exactly: the density equals the grouped one up to rounding.
 * **laguerre** / **rational**: a bank of ``n`` states per factor driven by the grid values,
   ``xi_j = M xi_{j-1} + v z_j`` (a generalised orthonormal basis: first-order all-pass sections with poles
   ``p_0 .. p_{n-1}``; ``xi_j[i] = sum_q g_i[q] z_{j-q}``). A Gaussian node reads ``x ≈ c^T xi_j`` with ``c`` the

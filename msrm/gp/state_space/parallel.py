@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 from ..linalg import per_item_on_cpu
-from .filter import bank_matrices, group_readouts, initial_state, node_arrays, slot_information, transition_blocks
+from .filter import bank_matrices, group_readouts, node_arrays, slot_information, transition_blocks
 from .prepare import RunTables
 
 __all__ = ["shift_transition", "observation_map", "observation_matrices", "combine", "run_loglik_parallel"]
@@ -66,6 +66,19 @@ def shift_transition(theta, t: RunTables, blocks):
     F = T3 @ T2 @ jnp.asarray(_static_shift(t))
     Qa = T3[:, :Kd] @ Q @ T3[:, :Kd].T
     return F, 0.5 * (Qa + Qa.T)
+
+
+def initial_state(t: RunTables, blocks):
+    """Mean and covariance at step 0 in the shift-register layout (stationary SDE, empty delay line, bank fed
+    with z_0)."""
+    S, Kd, K, b0 = t.n_states, t.K * t.d, t.K, t.bank_offset
+    m = jnp.zeros(S)
+    P = jnp.zeros((S, S)).at[:Kd, :Kd].set(blocks[2])
+    if t.n_bank:
+        Mk, Vk = bank_matrices(t)
+        P = P.at[b0:, :].set(Mk @ P[b0:, :] + Vk @ P[:K, :])
+        P = P.at[:, b0:].set(P[:, b0:] @ Mk.T + P[:, :K] @ Vk.T)
+    return m, P
 
 
 def _shift_place(w: int, L: int):
@@ -185,7 +198,7 @@ def run_loglik_parallel(theta, run):
     readouts = group_readouts(theta, t)
     blocks = transition_blocks(theta, t)
     F, Qa = shift_transition(theta, t, blocks)
-    m0, P0 = initial_state(theta, t, blocks)
+    m0, P0 = initial_state(t, blocks)
     B, Lb, e = observation_matrices(t, readouts, Lam, eta)
     first = _first_element(m0, P0, B[0], Lb[0], e[0])
     move = jnp.asarray(t.predict[:-1])[:, None, None]  # sub-step t-1 predicts -> element t uses (F, Qa)

@@ -4,10 +4,15 @@ Everything data-dependent that the likelihood needs is reused from :func:`msrm.g
 table, response windows, per-stream data arrays and constant terms), so the sufficient statistics have one
 implementation (:func:`msrm.gp.likelihood.node_information`). This module adds, per run:
 
-* the step at which each node is absorbed (the end of its response window) and, per response group, a
-  ``(steps, M_g)`` slot table of the nodes absorbed at each step (padding points at an all-zero node);
-* the state layout: ``[SDE states (K d) | ring buffer (K L) | bank (K n)]``, factor-major inside each block;
-* the chunking of the scan (``checkpoint_every`` steps per checkpointed chunk).
+* the unit of the scan: blocks of ``C`` grid steps in the sequential scan (every node whose window ends inside
+  a block is absorbed in one update), single grid steps in the associative scan;
+* per response group, a ``(sub-steps, M_g)`` slot table of the nodes absorbed at each sub-step (padding points
+  at an all-zero node), and where each node reads the state (ring positions of its window, or its step inside
+  the block for a bank readout);
+* the state layout: ``[ring (N K) | bank (n K) | SDE (d K)]`` in the sequential scan (ring slot ``s`` holds
+  ``z`` at grid step ``s mod N``), ``[SDE | delay line (L K) | bank]`` (a shift register) in the associative
+  scan; state-major inside each block (index ``i K + k`` for component i of factor k);
+* the chunking of the scan (``checkpoint_every`` sub-steps per checkpointed chunk).
 """
 from __future__ import annotations
 
@@ -27,11 +32,11 @@ from ..prepare import RunPrepared, prepare_run
 from .embedding import EMBEDDINGS, design_bank, projection
 from .sde import n_states as sde_states
 
-# Buffer slots beyond the delay line in the sequential scan: the buffer is rebased (one O(S^2) copy) every
-# REBASE grid steps, so window reads are contiguous slices without a per-step shift.
-REBASE = 4
+# Grid steps absorbed together by the sequential scan: the nodes whose windows end inside one block of BLOCK
+# steps enter in one update of rank (their count x K), so the covariance update is one matrix product per block.
+BLOCK = 4
 
-__all__ = ["REBASE", "GroupTable", "RunTables", "SSRun", "StateSpacePrepared", "prepare"]
+__all__ = ["BLOCK", "GroupTable", "RunTables", "SSRun", "StateSpacePrepared", "prepare"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,9 +48,11 @@ class GroupTable:
         mode: ``"ring"`` (exact delay line) or ``"bank"`` (filter-bank readout).
         window: WindowLayout of the group's nodes (static widths).
         node_start: first node index of the group in the run's node table; n_g: its node count.
-        slot_local: (steps_padded, M_g) group-local node absorbed in each slot (``n_g`` = empty).
-        slot_global: (steps_padded, M_g) the same as run-wide node index (``N`` = empty).
+        slot_local: (sub_steps, M_g) group-local node absorbed in each slot (``n_g`` = empty).
+        slot_global: (sub_steps, M_g) the same as run-wide node index (``N`` = empty).
         proj: (n, w) least-squares readout for bank mode, else None.
+        ring_pos: (n_g + 1, w) ring slot of each window step (sequential ring mode; padding row 0), else None.
+        offset: (n_g + 1,) step of each node's window end inside its block (sequential bank mode), else None.
     """
 
     key: str
@@ -58,6 +65,8 @@ class GroupTable:
     slot_local: np.ndarray
     slot_global: np.ndarray
     proj: np.ndarray | None
+    ring_pos: np.ndarray | None = None
+    offset: np.ndarray | None = None
 
     @property
     def width(self) -> int:
@@ -73,25 +82,28 @@ class RunTables:
     """Static description of one run's scan (a leafless pytree node).
 
     Fields:
+        block_index: (T,) the block (sequential scan) or grid step (associative scan) of each sub-step; a unit
+            whose nodes exceed the slots is split into several sub-steps. predict: (T,) True on the last
+            sub-step of each unit.
         K, kernel, step: factors, Matérn name, grid step Δ.
-        d: SDE states per factor; L: delay slots per factor (the widest ring-mode window minus one);
-        rebase: C, extra buffer slots of the sequential scan (the buffer is rebased every C grid steps; 0 in
-        the parallel layout, a plain shift register); n_bank: bank states per factor.
-        grid_index: (T,) grid step of each sub-step (a step whose nodes exceed the slots is split into
-            several sub-steps); predict: (T,) True on the last sub-step of each grid step.
+        d: SDE states per factor; L: the widest ring-mode window minus one; n_bank: bank states per factor.
+        block: C, grid steps per block of the sequential scan (0 in the associative scan's shift register).
+        n_ring: ring slots per factor, N = C (ceil(L / C) + 1) (sequential), or L delay slots (associative).
         n_steps: grid points J; chunk: sub-steps per checkpointed chunk; n_chunks; checkpoint: bool.
         embedding: ``"exact"``, ``"rational"`` or ``"laguerre"``; parallel: use the associative scan.
         groups: tuple of GroupTable; bank_M (n, n), bank_v (n,) or None.
+        method: ``"callback"`` (the sequential scan on the host, :mod:`.host`) or ``"native"`` (XLA).
     """
 
-    grid_index: np.ndarray
+    block_index: np.ndarray
     predict: np.ndarray
     K: int
     kernel: str
     step: float
     d: int
     L: int
-    rebase: int
+    block: int
+    n_ring: int
     n_bank: int
     n_steps: int
     chunk: int
@@ -102,19 +114,29 @@ class RunTables:
     groups: tuple
     bank_M: np.ndarray | None
     bank_v: np.ndarray | None
+    method: str = "native"
 
     @property
     def ring_offset(self) -> int:
-        return self.K * self.d
+        return self.K * self.d if self.parallel else 0
 
     @property
     def bank_offset(self) -> int:
-        return self.K * (self.d + self.L + self.rebase)
+        return self.K * (self.d + self.n_ring) if self.parallel else self.K * self.n_ring
+
+    @property
+    def sde_offset(self) -> int:
+        return 0 if self.parallel else self.K * (self.n_ring + self.n_bank)
 
     @property
     def n_states(self) -> int:
         """S, the state dimension."""
-        return self.K * (self.d + self.L + self.rebase + self.n_bank)
+        return self.K * (self.d + self.n_ring + self.n_bank)
+
+    @property
+    def n_blocks(self) -> int:
+        """Blocks of the sequential scan (grid steps in the associative scan)."""
+        return -(-self.n_steps // self.block) if self.block else self.n_steps
 
     @property
     def n_slots(self) -> int:
@@ -155,25 +177,25 @@ def _check_options(response_embedding, n_states, parallel, checkpoint_every) -> 
         raise ValueError(f"checkpoint_every must be None (about sqrt(steps)), 0 (off) or a positive integer, got {checkpoint_every!r}")
 
 
-def _group_counts(ends: np.ndarray, n_steps: int, width: int) -> tuple[np.ndarray, int]:
-    """Nodes absorbed per step and the slots per sub-step: the largest count away from the two steps where
-    windows clipped at the run's ends pile up (``width - 1`` and ``J - 1``); a pile-up is spread over extra
-    sub-steps instead of widening every step."""
-    counts = np.bincount(ends, minlength=n_steps)
+def _group_counts(units: np.ndarray, n_units: int, piles: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """Nodes absorbed per unit and the slots per sub-step: the largest count away from the units where windows
+    clipped at the run's ends pile up (``piles``); a pile-up is spread over extra sub-steps instead of widening
+    every sub-step."""
+    counts = np.bincount(units, minlength=n_units)
     inner = counts.copy()
-    inner[[min(width - 1, n_steps - 1), n_steps - 1]] = 0
+    inner[list(piles)] = 0
     M = int(inner.max()) if inner.max() > 0 else int(counts.max())
     return counts, max(M, 1)
 
 
-def _sub_steps(all_ends: list[np.ndarray], widths: list[int], n_steps: int, chunk: int | None):
-    """Sub-step schedule: grid index, whether to predict after it, and each group's slot table.
+def _sub_steps(all_units: list[np.ndarray], all_piles: list[tuple], n_units: int, chunk: int | None):
+    """Sub-step schedule: unit index, whether to predict after it, and each group's slot table.
 
-    Step j gets ``max_g ceil(count_gj / M_g)`` sub-steps (at least one); only the last one predicts.
-    Returns (grid_index (T,), predict (T,) bool, [(T, M_g) local slot tables], chunk, n_chunks).
+    Unit j (a block or a grid step) gets ``max_g ceil(count_gj / M_g)`` sub-steps (at least one); only the last
+    one predicts. Returns (unit index (T,), predict (T,) bool, [(T, M_g) local slot tables], chunk, n_chunks).
     """
-    counts, Ms = zip(*[_group_counts(e, n_steps, w) for e, w in zip(all_ends, widths)]) if all_ends else ((), ())
-    reps = np.ones(n_steps, dtype=np.int64)
+    counts, Ms = zip(*[_group_counts(u, n_units, p) for u, p in zip(all_units, all_piles)]) if all_units else ((), ())
+    reps = np.ones(n_units, dtype=np.int64)
     for c, M in zip(counts, Ms):
         reps = np.maximum(reps, -(-c // M))
     T = int(reps.sum())
@@ -183,22 +205,22 @@ def _sub_steps(all_ends: list[np.ndarray], widths: list[int], n_steps: int, chun
         chunk = min(chunk, T)
         n_chunks = -(-T // chunk)
     T_pad = chunk * n_chunks
-    grid_index = np.full(T_pad, n_steps - 1, dtype=np.int32)
-    grid_index[:T] = np.repeat(np.arange(n_steps), reps)
+    unit_index = np.full(T_pad, n_units - 1, dtype=np.int32)
+    unit_index[:T] = np.repeat(np.arange(n_units), reps)
     first_sub = np.concatenate([[0], np.cumsum(reps)[:-1]])
     predict = np.zeros(T_pad, dtype=bool)
     predict[np.cumsum(reps) - 1] = True
     tables = []
-    for ends, M in zip(all_ends, Ms):
-        n_g = ends.size
+    for units, M in zip(all_units, Ms):
+        n_g = units.size
         local = np.full((T_pad, M), n_g, dtype=np.int32)
-        fill = np.zeros(n_steps, dtype=np.int64)
-        for u in np.argsort(ends, kind="stable"):
-            e = ends[u]
+        fill = np.zeros(n_units, dtype=np.int64)
+        for u in np.argsort(units, kind="stable"):
+            e = units[u]
             local[first_sub[e] + fill[e] // M, fill[e] % M] = u
             fill[e] += 1
         tables.append(local)
-    return grid_index, predict, tables, chunk, n_chunks
+    return unit_index, predict, tables, chunk, n_chunks
 
 
 def prepare(
@@ -209,6 +231,8 @@ def prepare(
     n_states: int | None = None,
     parallel: bool = False,
     checkpoint_every: int | None = None,
+    block: int | None = None,
+    method: str = "auto",
 ) -> StateSpacePrepared:
     """Prepare a dataset for :func:`msrm.gp.state_space.loglik` (NumPy, once).
 
@@ -218,12 +242,26 @@ def prepare(
         response_embedding: ``"exact"`` (delay line), ``"rational"`` or ``"laguerre"`` (approximate banks).
         n_states: bank states per factor (banks only).
         parallel: True for the associative (log-depth) scan.
-        checkpoint_every: steps per checkpointed chunk of the sequential scan; None = ceil(sqrt(steps)),
+        checkpoint_every: sub-steps per checkpointed chunk of the sequential scan; None = ceil(sqrt(sub-steps)),
             0 = no checkpointing.
+        block: grid steps per block of the sequential scan, default :data:`BLOCK` (the value does not change
+            the density).
+        method: where the sequential scan runs: ``"callback"`` (NumPy and SciPy's BLAS on the host, called
+            from JAX), ``"native"`` (an XLA scan) or ``"auto"`` (as :func:`msrm.gp.linalg.quad_logdet`: the
+            callback on a CPU backend with at least two cores, native elsewhere). The associative scan is
+            always native.
     Raises:
         ValueError: a bad option (named); KeyError: a modality without a response.
     """
     _check_options(response_embedding, n_states, parallel, checkpoint_every)
+    block = BLOCK if block is None else block
+    if method not in ("auto", "callback", "native"):
+        raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
+    from ..linalg import _resolve
+
+    method = "native" if parallel else _resolve(method)
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"block must be a positive integer, got {block!r}")
     groups = response_groups(data, spec)
     K, d = spec.n_factors, sde_states(spec.kernel)
     runs = []
@@ -242,23 +280,37 @@ def prepare(
                                [g.window.width for g in bank_groups], float(lay.grid[1] - lay.grid[0]))
         widths = [g.window.width for g in lay.groups]
         ends = [(g.window.start + g.window.width - 1).astype(np.int64) for g in lay.groups]
+        for g, e in zip(lay.groups, ends):
+            if g.window.start.size and (g.window.start.min() < 0 or e.max() > J - 1):
+                raise ValueError(f"response group {g.key!r}: a window leaves the run's grid")
+        C = 1 if parallel else int(min(block, J))
+        n_units = -(-J // C)
+        units = [e // C for e in ends]
+        piles = [(min(w - 1, J - 1) // C, (J - 1) // C) for w in widths]
+        n_ring = L if parallel else C * (-(-L // C) + 1)
         checkpoint = not parallel and checkpoint_every != 0
-        grid_index, predict, locals_, chunk, n_chunks = _sub_steps(ends, widths, J, None)
+        index, predict, locals_, chunk, n_chunks = _sub_steps(units, piles, n_units, None)
         if checkpoint:
-            every = int(checkpoint_every) if checkpoint_every else max(1, math.ceil(math.sqrt(grid_index.size)))
-            grid_index, predict, locals_, chunk, n_chunks = _sub_steps(ends, widths, J, every)
+            every = int(checkpoint_every) if checkpoint_every else max(1, math.ceil(math.sqrt(index.size)))
+            index, predict, locals_, chunk, n_chunks = _sub_steps(units, piles, n_units, every)
         tables = []
-        for g, mode, local in zip(lay.groups, modes, locals_):
+        for g, mode, local, e in zip(lay.groups, modes, locals_, ends):
             n_g = g.node_stop - g.node_start
             glob = np.where(local == n_g, lay.n_nodes, local + g.node_start).astype(np.int32)
             proj = projection(bank["G"], g.window.width) if mode == "bank" else None
+            ring_pos = offset = None
+            if not parallel and mode == "ring":
+                steps = g.window.start[:, None] + np.arange(g.window.width)[None, :]
+                ring_pos = np.concatenate([steps % n_ring, np.zeros((1, g.window.width), np.int64)]).astype(np.int32)
+            elif not parallel:
+                offset = np.concatenate([e % C, [0]]).astype(np.int32)
             tables.append(GroupTable(g.key, g.response, g.param_key, mode, g.window, g.node_start, n_g,
-                                     local, glob, proj))
+                                     local, glob, proj, ring_pos, offset))
         runs.append(SSRun(gp, RunTables(
-            grid_index=grid_index, predict=predict, K=K, kernel=spec.kernel, step=float(lay.grid[1] - lay.grid[0]), d=d, L=L,
-            rebase=0 if parallel else REBASE,
+            block_index=index, predict=predict, K=K, kernel=spec.kernel, step=float(lay.grid[1] - lay.grid[0]),
+            d=d, L=L, block=0 if parallel else C, n_ring=n_ring,
             n_bank=int(n_states) if bank is not None else 0, n_steps=J, chunk=chunk, n_chunks=n_chunks,
             checkpoint=checkpoint, embedding=response_embedding, parallel=bool(parallel), groups=tuple(tables),
-            bank_M=None if bank is None else bank["M"], bank_v=None if bank is None else bank["v"],
+            bank_M=None if bank is None else bank["M"], bank_v=None if bank is None else bank["v"], method=method,
         )))
     return StateSpacePrepared(runs=tuple(runs))

@@ -1,0 +1,281 @@
+r"""The block filter and its reverse mode on the host: NumPy with SciPy's BLAS/LAPACK, called from JAX.
+
+The same arithmetic as :mod:`.filter` (forward) and :mod:`.adjoint` (reverse), written for the CPU. XLA:CPU runs a
+scan body one operation at a time on one core; here each sub-step's covariance update is one in-place BLAS call
+(``dgemm`` with ``beta = 1``, so no separate subtraction pass), a sub-step that does not predict skips the
+prediction instead of writing back what is there, and the prediction writes rows and copies them to the columns
+(the result is symmetric). BLAS runs on one thread inside the callback (:func:`one_blas_thread`).
+:func:`msrm.gp.state_space.loglik` calls it through
+``jax.pure_callback`` when the run was prepared with ``method="callback"`` (the default on a CPU with at least two
+cores); the XLA scan stays the path for accelerators and the reference it is tested against.
+
+Checkpointing is the same: the forward pass returns the state at the start of every chunk, and the reverse pass
+recomputes one chunk at a time (keeping that chunk's states) before running the adjoint over it.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy.linalg import blas, lapack
+
+from .filter import absorb_small_vjp, bank_block
+from .prepare import RunTables
+
+__all__ = ["HostFilter", "one_blas_thread"]
+
+_CONTROLLER = []
+
+
+def one_blas_thread():
+    """Context: BLAS on one thread while the host filter runs. Its products are small (S x S x M K); with
+    OpenBLAS's own worker threads waking beside XLA's thread pool the same pass was measured an order of
+    magnitude slower on a two-core machine."""
+    from threadpoolctl import ThreadpoolController
+
+    if not _CONTROLLER:
+        _CONTROLLER.append(ThreadpoolController())
+    return _CONTROLLER[0].limit(limits=1, user_api="blas")
+
+
+def _sym(X):
+    return 0.5 * (X + X.T)
+
+
+class HostFilter:
+    """One run's block filter on the host (static tables bound once)."""
+
+    def __init__(self, t: RunTables):
+        self.t = t
+        self.K, self.C, self.d, self.S = t.K, t.block, t.d, t.n_states
+        self.Q = self.S // self.K
+        self.s0, self.b0, self.n = t.sde_offset, t.bank_offset, t.n_bank
+        self.nblk = t.n_ring // t.block
+        self.block_index = np.asarray(t.block_index, dtype=np.int64)
+        self.predict = np.asarray(t.predict, dtype=bool)
+        self._ar = {}
+        if self.n:
+            bb = bank_block(t)
+            self.Mc, self.Vc = bb["Mc"], bb["Vc"]
+
+    # ------------------------------------------------------------------ pieces
+    def _r(self, b):
+        """First state row of block b's ring slots."""
+        return int(b % self.nblk) * self.C * self.K
+
+    def _small(self, mu, Cm, Lb, e, value=True):
+        """(G⁻¹v, sym(G⁻¹Λ), log Z, bad, G⁻¹) from one LU of G = I + Λ C (log Z and bad only with ``value``)."""
+        R = Cm.shape[0]
+        G = Lb @ Cm
+        G.flat[:: R + 1] += 1.0
+        lu, piv, info = lapack.dgetrf(G)
+        if info != 0:  # exactly singular G (or a bad argument): no inverse; the step counts as bad
+            Z = np.linalg.pinv(G)
+        else:
+            Z, _ = lapack.dgetri(lu, piv)
+        Lmu = Lb @ mu
+        v = e - Lmu
+        Giv = Z @ v
+        GiL = _sym(Z @ Lb)
+        if not value:
+            return Giv, GiL, 0.0, 0, Z
+        d = lu.diagonal()
+        flips = np.count_nonzero(d < 0) + np.count_nonzero(piv != self._arange(R))
+        bad = int(info != 0 or flips % 2 == 1)
+        logdet = float(np.log(np.abs(d)).sum())
+        logZ = -0.5 * float(mu @ Lmu) + float(e @ mu) + 0.5 * float(v @ (Cm @ Giv)) - 0.5 * logdet
+        return Giv, GiL, logZ, bad, Z
+
+    def _arange(self, R):
+        a = self._ar.get(R)
+        if a is None:
+            a = self._ar[R] = np.arange(R, dtype=np.int32)
+        return a
+
+    def _blockdiag(self, Ls):
+        M, K = Ls.shape[0], self.K
+        Lb = np.zeros((M, K, M, K))
+        idx = np.arange(M)
+        Lb[idx, :, idx, :] = Ls
+        return Lb.reshape(M * K, M * K)
+
+    def _bank_rows(self, b, X):
+        """Rows of X (S, r): bank <- Mc bank + Vc block(b) (in place)."""
+        K, n, C, b0, rb = self.K, self.n, self.C, self.b0, self._r(b)
+        r = X.shape[1]
+        Xb = X[b0 : b0 + n * K].reshape(n, K * r)
+        Xr = X[rb : rb + C * K].reshape(C, K * r)
+        X[b0 : b0 + n * K] = (self.Mc @ Xb + self.Vc @ Xr).reshape(n * K, r)
+
+    def _bank_rows_transpose(self, b, X):
+        """Eᵀ X for the bank move E (rows of X (S, r), in place)."""
+        K, n, C, b0, rb = self.K, self.n, self.C, self.b0, self._r(b)
+        r = X.shape[1]
+        Xb = X[b0 : b0 + n * K].reshape(n, K * r).copy()
+        X[rb : rb + C * K] += (self.Vc.T @ Xb).reshape(C * K, r)
+        X[b0 : b0 + n * K] = (self.Mc.T @ Xb).reshape(n * K, r)
+
+    def _predict(self, m, P, b, T, Qy):
+        """Block b -> b + 1 in place: the bank move, then the SDE write (rows, columns, noise)."""
+        K, C, d, S, s0 = self.K, self.C, self.d, self.S, self.s0
+        Y = C + d
+        if self.n:
+            self._bank_rows(b, P)
+            self._bank_rows(b, P.T)  # the columns (P.T is a view)
+            mb = m[:, None]
+            self._bank_rows(b, mb)
+        r1 = self._r(b + 1)
+        rows = [slice(r1, r1 + C * K), slice(s0, s0 + d * K)]  # y in the state: the new ring slots, the SDE state
+        ys = [slice(0, C * K), slice(C * K, Y * K)]  # the same in y's own order
+        R = np.einsum("kyi,iks->yks", T, P[s0 : s0 + d * K].reshape(d, K, S)).reshape(Y * K, S)
+        # the new (y, y) block T P[s, s] Tᵀ + Q_b, from R's SDE columns
+        Rs = R[:, s0 : s0 + d * K].reshape(Y * K, d, K)
+        Pyy = np.einsum("aik,kzi->azk", Rs, T).reshape(Y * K, Y * K) + Qy
+        for ya, _ in zip(ys, rows):
+            for yc, rc in zip(ys, rows):
+                R[ya, rc] = Pyy[ya, yc]
+        P[rows[0]] = R[: C * K]
+        P[rows[1]] = R[C * K :]
+        # the result is symmetric: the new columns are the new rows
+        P[:, rows[0]] = P[rows[0]].T
+        P[:, rows[1]] = P[rows[1]].T
+        y = np.einsum("kyi,ik->yk", T, m[s0 : s0 + d * K].reshape(d, K))
+        m[rows[0]] = y[:C].reshape(-1)
+        m[rows[1]] = y[C:].reshape(-1)
+
+    def _step(self, m, P, i, A, Ls, e, T, Qy, keep=None):
+        """One sub-step in place; returns (log Z, bad). ``keep`` (a dict) receives what the reverse pass reads."""
+        K, S, Q = self.K, self.S, self.Q
+        Ai = A[i]
+        R = Ai.shape[0] * K
+        Ut = (Ai @ P.reshape(Q, K * S)).reshape(R, S)  # B P; U = Ut.T
+        U = np.ascontiguousarray(Ut.T)
+        mu = (Ai @ m.reshape(Q, K)).reshape(R)
+        Cm = _sym((Ai @ U.reshape(Q, K * R)).reshape(R, R))
+        Lb = self._blockdiag(Ls[i])
+        Giv, GiL, logZ, bad, Z = self._small(mu, Cm, Lb, e[i], value=keep is None)
+        if keep is not None:
+            keep.update(m=m.copy(), P=P.copy(), Z=Z, U=U, mu=mu, Cm=Cm, Lb=Lb, Giv=Giv, GiL=GiL)
+        m += U @ Giv
+        # P <- P - U (GiL Ut), in place: P.T is the same memory in Fortran order
+        out = blas.dgemm(-1.0, (GiL @ Ut).T, U.T, beta=1.0, c=P.T, overwrite_c=1)
+        if out.ctypes.data != P.ctypes.data:  # BLAS worked on a copy
+            P[...] = out.T
+        if self.predict[i]:
+            self._predict(m, P, self.block_index[i], T, Qy)
+        return logZ, bad
+
+    # ------------------------------------------------------------------ passes
+    def forward(self, A, Ls, e, T, Qb, m0, P0, keep_starts: bool):
+        """(log Z sum, bad count[, chunk-start means (n_chunks, S), covariances (n_chunks, S, S)])."""
+        t = self.t
+        Qy = _qy(Qb)
+        m, P = np.array(m0, dtype=np.float64), np.array(P0, dtype=np.float64, order="C")
+        ll, bad = 0.0, 0
+        if keep_starts:
+            sm, sP = np.empty((t.n_chunks, self.S)), np.empty((t.n_chunks, self.S, self.S))
+        for c in range(t.n_chunks):
+            if keep_starts:
+                sm[c], sP[c] = m, P
+            for i in range(c * t.chunk, (c + 1) * t.chunk):
+                lz, bd = self._step(m, P, i, A, Ls, e, T, Qy)
+                ll += lz
+                bad += bd
+        return (ll, bad, sm, sP) if keep_starts else (ll, bad)
+
+    def backward(self, A, Ls, e, T, Qb, sm, sP, gll):
+        """Adjoints (Ā, Λ̄ blocks, η̄, T̄, Q̄_b, m̄0, P̄0) of the log Z sum, scaled by ``gll``."""
+        t, K, C, d, S, s0 = self.t, self.K, self.C, self.d, self.S, self.s0
+        Y = C + d
+        Qy = _qy(Qb)
+        Ab, Lsb, eb = np.zeros_like(A), np.zeros_like(Ls), np.zeros_like(e)
+        Tb, Qbb = np.zeros_like(T), np.zeros_like(Qb)
+        mb, Pb = np.zeros(S), np.zeros((S, S))
+        eyeK = np.eye(K)
+        for c in reversed(range(t.n_chunks)):
+            m, P = sm[c].copy(), sP[c].copy()
+            kept = []
+            for i in range(c * t.chunk, (c + 1) * t.chunk):
+                k = {}
+                self._step(m, P, i, A, Ls, e, T, Qy, keep=k)
+                kept.append(k)
+            for i in reversed(range(c * t.chunk, (c + 1) * t.chunk)):
+                k = kept[i - c * t.chunk]
+                mi, Pi, Z, U, mu = k["m"], k["P"], k["Z"], k["U"], k["mu"]
+                Cm, Lb, Giv, GiL = k["Cm"], k["Lb"], k["Giv"], k["GiL"]
+                Ai, b = A[i], self.block_index[i]
+                M, R = Ai.shape[0], Ai.shape[0] * K
+                if self.predict[i]:
+                    Xs = Pi[:, s0 : s0 + d * K] - U @ (GiL @ U[s0 : s0 + d * K].T)
+                    ms = mi[s0 : s0 + d * K] + U[s0 : s0 + d * K] @ Giv
+                    if self.n:
+                        self._bank_rows(b, Xs)
+                    dT, dQ = self._sde_write_transpose(b, mb, Pb, T, Xs, ms)
+                    Tb += dT
+                    Qbb += dQ
+                    if self.n:
+                        self._bank_rows_transpose(b, Pb)
+                        self._bank_rows_transpose(b, Pb.T)
+                        self._bank_rows_transpose(b, mb[:, None])
+                # absorb
+                Yp = Pb @ U
+                Ub = np.outer(mb, Giv) - 2.0 * Yp @ GiL
+                GiLb = -(U.T @ Yp)
+                Givb = U.T @ mb
+                mub, Cb, Lbb, ebi = absorb_small_vjp(mu, Cm, Lb, e[i], Z, Giv, (Givb, GiLb, gll), xp=np)
+                Cb = _sym(Cb)
+                Q = self.Q
+                # C = B U
+                Cb3 = Cb.reshape(M, K * R)
+                Ub += (Ai.T @ Cb3).reshape(S, R)
+                Ab_i = Cb3 @ U.reshape(Q, K * R).T
+                # mu = B m
+                mub2 = mub.reshape(M, K)
+                mb += (Ai.T @ mub2).reshape(S)
+                Ab_i += mub2 @ mi.reshape(Q, K).T
+                # U^T = B P
+                U3 = np.ascontiguousarray(Ub.T).reshape(M, K * S)
+                Zs = (Ai.T @ U3).reshape(S, S)
+                Ab_i += U3 @ Pi.reshape(Q, K * S).T
+                Zs *= 0.5
+                Pb += Zs
+                Pb += Zs.T
+                Ab[i] = Ab_i
+                idx = np.arange(M)
+                Lsb[i] = Lbb.reshape(M, K, M, K)[idx, :, idx, :]
+                eb[i] = ebi
+        return Ab, Lsb, eb, Tb, Qbb, mb, Pb
+
+    def _sde_write_transpose(self, b, mb, Pb, T, Xs, ms):
+        """Adjoint of the SDE write (in place on mb, Pb); returns (T̄, Q̄_b)."""
+        K, C, d, S, s0 = self.K, self.C, self.d, self.S, self.s0
+        Y = C + d
+        r1 = self._r(b + 1)
+        FX = np.einsum("kyi,ikc->ykc", T, Xs[s0 : s0 + d * K].reshape(d, K, d * K))
+        FPs = Xs.copy()
+        FPs[r1 : r1 + C * K] = FX[:C].reshape(C * K, d * K)
+        FPs[s0 : s0 + d * K] = FX[C:].reshape(d * K, d * K)
+        Wy = np.concatenate([Pb[r1 : r1 + C * K], Pb[s0 : s0 + d * K]])  # (Y K, S)
+        G = (Wy @ FPs).reshape(Y, K, d, K)
+        my = np.concatenate([mb[r1 : r1 + C * K], mb[s0 : s0 + d * K]]).reshape(Y, K)
+        Tb = 2.0 * np.einsum("ykik->kyi", G) + np.einsum("yk,ik->kyi", my, ms.reshape(d, K))
+        Wyy = np.concatenate([Wy[:, r1 : r1 + C * K], Wy[:, s0 : s0 + d * K]], axis=1).reshape(Y, K, Y, K)
+        Qbb = np.einsum("ykzk->kyz", Wyy)
+        # Fᵀ P̄ F is symmetric: its SDE rows are Tᵀ P̄[y, :] with the y columns replaced (ring -> 0, SDE ->
+        # Tᵀ P̄[y, y] T); its ring rows are 0; the columns are the rows transposed
+        Wy3 = Wy.reshape(Y, K, S)
+        new = np.einsum("kyi,yks->iks", T, Wy3).reshape(d * K, S)
+        Vs = new[:, s0 : s0 + d * K].copy()  # Tᵀ P̄[y, s]: columns s are then (Tᵀ P̄[y, y] T) via the y columns
+        Vy = np.concatenate([new[:, r1 : r1 + C * K], Vs], axis=1).reshape(d * K, Y, K)
+        new[:, r1 : r1 + C * K] = 0.0
+        new[:, s0 : s0 + d * K] = np.einsum("ayk,kyi->aik", Vy, T).reshape(d * K, d * K)
+        Pb[r1 : r1 + C * K] = 0.0
+        Pb[:, r1 : r1 + C * K] = 0.0
+        Pb[s0 : s0 + d * K] = new
+        Pb[:, s0 : s0 + d * K] = new.T
+        mb[r1 : r1 + C * K] = 0.0
+        mb[s0 : s0 + d * K] = np.einsum("kyi,yk->ik", T, my).reshape(-1)
+        return Tb, Qbb
+
+
+def _qy(Qb):
+    K, Y, _ = Qb.shape
+    return np.einsum("kyz,kl->ykzl", Qb, np.eye(K)).reshape(Y * K, Y * K)
