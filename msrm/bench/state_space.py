@@ -77,7 +77,7 @@ def _model(data, spec, backend: str, **options):
 def _ss_params(model) -> dict:
     t = model.prepared.runs[0].tables
     return dict(n_states=t.n_states, n_steps=t.n_steps, sub_steps=int(t.block_index.size), block=t.block,
-                method=t.method, chunk=t.chunk, n_chunks=t.n_chunks, slots=t.n_slots)
+                filter_method=t.method, chunk=t.chunk, n_chunks=t.n_chunks, slots=t.n_slots)
 
 
 def memory_rows(size: str, *, info=None) -> list[dict]:
