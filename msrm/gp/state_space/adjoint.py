@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 from .filter import (_bank_block_moved, _cols, _ring_base, _rows, _sym, absorb_small_vjp, apply_B,
-                     block_transition, blockdiag, forward_step, initial_state, moved_transition, scan_inputs,
+                     bank_rows, block_transition, blockdiag, forward_step, initial_state, moved_transition, scan_inputs,
                      step_tables)
 from .prepare import RunTables
 
@@ -89,16 +89,6 @@ def _sde_write_transpose(t: RunTables, b, move, mb, Pb, T, Qb, Xs, ms):
     return mb, Pb, jnp.where(move, Tb, 0.0), jnp.where(move, Qbb, 0.0)
 
 
-def _bank_rows(t: RunTables, b, move, X):
-    """The bank move applied to the rows of X (S, r): bank rows <- Mc bank + Vc block(b)."""
-    Mc, Vc = _bank_block_moved(t, move)
-    K, n, C, r = t.K, t.n_bank, t.block, X.shape[1]
-    b0, rb = jnp.asarray(t.bank_offset, jnp.int32), _ring_base(t, b) * K
-    R = (jnp.einsum("ij,jkr->ikr", Mc, _rows(X, b0, n * K).reshape(n, K, r))
-         + jnp.einsum("il,lkr->ikr", Vc, _rows(X, rb, C * K).reshape(C, K, r)))
-    return lax.dynamic_update_slice(X, R.reshape(n * K, r), (b0, jnp.zeros((), jnp.int32)))
-
-
 def _bank_rows_transpose(t: RunTables, b, move, X):
     """Eᵀ X for the bank move E (rows of X (S, r))."""
     Mc, Vc = _bank_block_moved(t, move)
@@ -132,7 +122,7 @@ def _backward_step(t: RunTables, m, P, Z, mb, Pb, gll, x, T, Qb):
     Xs = P[:, s0 : s0 + Kd] - U @ (GiL @ U[s0 : s0 + Kd].T)  # SDE columns and mean of the absorbed state
     ms = m[s0 : s0 + Kd] + U[s0 : s0 + Kd] @ Giv
     if t.n_bank:
-        Xs = _bank_rows(t, b, move, Xs)
+        Xs = bank_rows(t, b, move, Xs)
     mb, Pb, Tb, Qbb = _sde_write_transpose(t, b, move, mb, Pb, T, Qb, Xs, ms)
     if t.n_bank:
         Pb = _bank_rows_transpose(t, b, move, _bank_rows_transpose(t, b, move, Pb).T)

@@ -57,7 +57,7 @@ from .sde import discretise
 
 __all__ = ["transition_blocks", "block_transition", "bank_matrices", "bank_block", "group_readouts", "node_arrays",
            "slot_information", "weights", "apply_B", "step_tables", "blockdiag", "absorb_small", "absorb_small_vjp",
-           "bank_move", "moved_transition", "sde_write", "initial_state", "predict", "forward_step", "scan_inputs",
+           "bank_rows", "bank_move", "moved_transition", "sde_write", "initial_state", "predict", "forward_step", "scan_inputs",
            "run_loglik_sequential"]
 
 
@@ -272,28 +272,28 @@ def _bank_block_moved(t: RunTables, move):
             jnp.where(move, jnp.asarray(bb["Vc"]), 0.0))
 
 
-def bank_move(m, P, b, move, t: RunTables):
-    """``xi ← Mc xi + Vc z_block(b)`` on the bank rows and columns (the identity unless ``move``)."""
+def bank_rows(t: RunTables, b, move, X):
+    """The bank move applied to the rows of X (S, r): bank rows <- Mc bank + Vc block(b) (identity unless
+    ``move``)."""
     Mc, Vc = _bank_block_moved(t, move)
-    K, n, C, S = t.K, t.n_bank, t.block, P.shape[0]
+    K, n, C, r = t.K, t.n_bank, t.block, X.shape[1]
     b0, rb = jnp.asarray(t.bank_offset, jnp.int32), _ring_base(t, b) * K
-    zero = jnp.zeros((), jnp.int32)
-
-    def mv(Xb, Xr):  # (n, K, r), (C, K, r) -> (n, K, r)
-        return jnp.einsum("ij,jkr->ikr", Mc, Xb) + jnp.einsum("il,lkr->ikr", Vc, Xr)
-
-    R = mv(_rows(P, b0, n * K).reshape(n, K, S), _rows(P, rb, C * K).reshape(C, K, S)).reshape(n * K, S)
-    P = lax.dynamic_update_slice(P, R, (b0, zero))
-    cols = mv(_cols(P, b0, n * K).T.reshape(n, K, S), _cols(P, rb, C * K).T.reshape(C, K, S)).reshape(n * K, S)
-    P = lax.dynamic_update_slice(P, cols.T, (zero, b0))
-    mn = mv(_rows(m, b0, n * K).reshape(n, K, 1), _rows(m, rb, C * K).reshape(C, K, 1)).reshape(-1)
-    return lax.dynamic_update_slice(m, mn, (b0,)), P
+    R = (jnp.einsum("ij,jkr->ikr", Mc, _rows(X, b0, n * K).reshape(n, K, r))
+         + jnp.einsum("il,lkr->ikr", Vc, _rows(X, rb, C * K).reshape(C, K, r)))
+    return lax.dynamic_update_slice(X, R.reshape(n * K, r), (b0, jnp.zeros((), jnp.int32)))
 
 
-def _qy(Qb):
-    """Q_b (K, Y, Y) -> (Y K, Y K) state-major."""
+def bank_move(m, P, b, move, t: RunTables):
+    """``xi ← Mc xi + Vc z_block(b)`` on the bank rows, then columns, of the covariance and on the mean."""
+    P = bank_rows(t, b, move, P)
+    P = bank_rows(t, b, move, P.T).T
+    return bank_rows(t, b, move, m[:, None])[:, 0], P
+
+
+def _qy(Qb, xp=jnp):
+    """Q_b (K, Y, Y) -> (Y K, Y K) state-major (``xp``: jax.numpy, or numpy on the host)."""
     K, Y, _ = Qb.shape
-    return jnp.einsum("kyz,kl->ykzl", Qb, jnp.eye(K)).reshape(Y * K, Y * K)
+    return xp.einsum("kyz,kl->ykzl", Qb, xp.eye(K)).reshape(Y * K, Y * K)
 
 
 def moved_transition(t: RunTables, move, T, Qb):

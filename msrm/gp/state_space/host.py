@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import blas, lapack
 
-from .filter import absorb_small_vjp, bank_block
+from .filter import _qy, absorb_small_vjp, bank_block
 from .prepare import RunTables
 
 __all__ = ["HostFilter", "one_blas_thread"]
@@ -167,7 +167,7 @@ class HostFilter:
     def forward(self, A, Ls, e, T, Qb, m0, P0, keep_starts: bool):
         """(log Z sum, bad count[, chunk-start means (n_chunks, S), covariances (n_chunks, S, S)])."""
         t = self.t
-        Qy = _qy(Qb)
+        Qy = _qy(Qb, np)
         m, P = np.array(m0, dtype=np.float64), np.array(P0, dtype=np.float64, order="C")
         ll, bad = 0.0, 0
         if keep_starts:
@@ -183,13 +183,11 @@ class HostFilter:
 
     def backward(self, A, Ls, e, T, Qb, sm, sP, gll):
         """Adjoints (Ā, Λ̄ blocks, η̄, T̄, Q̄_b, m̄0, P̄0) of the log Z sum, scaled by ``gll``."""
-        t, K, C, d, S, s0 = self.t, self.K, self.C, self.d, self.S, self.s0
-        Y = C + d
-        Qy = _qy(Qb)
+        t, K, d, S, s0 = self.t, self.K, self.d, self.S, self.s0
+        Qy = _qy(Qb, np)
         Ab, Lsb, eb = np.zeros_like(A), np.zeros_like(Ls), np.zeros_like(e)
         Tb, Qbb = np.zeros_like(T), np.zeros_like(Qb)
         mb, Pb = np.zeros(S), np.zeros((S, S))
-        eyeK = np.eye(K)
         for c in reversed(range(t.n_chunks)):
             m, P = sm[c].copy(), sP[c].copy()
             kept = []
@@ -274,8 +272,3 @@ class HostFilter:
         mb[r1 : r1 + C * K] = 0.0
         mb[s0 : s0 + d * K] = np.einsum("kyi,yk->ik", T, my).reshape(-1)
         return Tb, Qbb
-
-
-def _qy(Qb):
-    K, Y, _ = Qb.shape
-    return np.einsum("kyz,kl->ykzl", Qb, np.eye(K)).reshape(Y * K, Y * K)
