@@ -53,7 +53,7 @@ from jax import lax
 from ...operators import jax_window_weights
 from ..likelihood import group_theta, node_information
 from .prepare import RunTables
-from .sde import discretise
+from .sde import discretise, stationary_cov, transition
 
 __all__ = ["transition_blocks", "block_transition", "bank_matrices", "bank_block", "group_readouts", "node_arrays",
            "slot_information", "weights", "apply_B", "step_tables", "blockdiag", "absorb_small", "absorb_small_vjp",
@@ -84,23 +84,22 @@ def block_transition(theta, t: RunTables):
         T (K, C + d, d), Q_b (K, C + d, C + d), P∞ (K, d, d).
     """
     C, d = t.block, t.d
+    # block (i, i') of the joint noise of n_1 .. n_C is B[i - i', i'] for i >= i' and B[i' - i, i]ᵀ above,
+    # with B[a, b] = Φ^a Σ_b; only the rows of y are kept (the first component of s_1 .. s_C, then all of s_C)
+    i, ii = np.meshgrid(np.arange(1, C + 1), np.arange(1, C + 1), indexing="ij")
+    lag, base, upper = np.abs(i - ii), np.minimum(i, ii) - 1, i < ii
+    pick = np.concatenate([np.arange(C) * d, (C - 1) * d + np.arange(d)])
     Ts, Qs, Ps = [], [], []
     for k in range(t.K):
-        Phi, _, Pinf = discretise(t.kernel, theta["lengthscales"][k], t.step, jnp)
-        pw = [jnp.eye(d)]
-        for _ in range(C):
-            pw.append(Phi @ pw[-1])
-        Sig = [Pinf - p @ Pinf @ p.T for p in pw]
-        # joint noise covariance of n_1 .. n_C (C d x C d), then the rows of y
-        rows = []
-        for i in range(1, C + 1):
-            rows.append(jnp.concatenate([pw[i - ii] @ Sig[ii] if i >= ii else (pw[ii - i] @ Sig[i]).T
-                                         for ii in range(1, C + 1)], axis=1))
-        N = jnp.concatenate(rows)
-        pick = np.concatenate([np.arange(C) * d, (C - 1) * d + np.arange(d)])
+        ell = theta["lengthscales"][k]
+        pw = transition(t.kernel, ell, t.step * np.arange(C + 1), jnp)  # Φ^0 .. Φ^C
+        Pinf = stationary_cov(t.kernel, ell, jnp)
+        Sig = Pinf - jnp.einsum("iab,bc,idc->iad", pw[1:], Pinf, pw[1:])  # Σ_1 .. Σ_C
+        B = jnp.einsum("iab,jbc->ijac", pw[:C], Sig)[lag, base]  # (C, C, d, d)
+        blocks = jnp.where(upper[:, :, None, None], jnp.swapaxes(B, -1, -2), B)
+        N = jnp.transpose(blocks, (0, 2, 1, 3)).reshape(C * d, C * d)
         Qb = N[pick][:, pick]
-        T = jnp.concatenate([jnp.stack([p[0] for p in pw[1:]]), pw[C]])
-        Ts.append(T)
+        Ts.append(jnp.concatenate([pw[1:, 0, :], pw[C]]))
         Qs.append(0.5 * (Qb + Qb.T))
         Ps.append(Pinf)
     return jnp.stack(Ts), jnp.stack(Qs), jnp.stack(Ps)
