@@ -218,8 +218,11 @@ def _make_core_host(t: RunTables):
     ``jax.pure_callback`` (the initial state and its adjoint stay in JAX)."""
     from .host import HostFilter, one_blas_thread
 
+    from ... import runtime
+
     hf = HostFilter(t)
     S, f64 = t.n_states, jnp.float64
+    pipeline = runtime.physical_cores() >= 2
 
     def value(A, Ls, e, T, Qb, m0, P0):
         with one_blas_thread():
@@ -233,7 +236,7 @@ def _make_core_host(t: RunTables):
 
     def backward(A, Ls, e, T, Qb, sm, sP, gll):
         with one_blas_thread():
-            return hf.backward(*(np.asarray(x) for x in (A, Ls, e, T, Qb, sm, sP)), float(gll))
+            return hf.backward(*(np.asarray(x) for x in (A, Ls, e, T, Qb, sm, sP)), float(gll), pipeline=pipeline)
 
     scalar = jax.ShapeDtypeStruct((), f64)
 

@@ -1,21 +1,32 @@
 r"""The block filter and its reverse mode on the host: NumPy with SciPy's BLAS/LAPACK, called from JAX.
 
 The same arithmetic as :mod:`.filter` (forward) and :mod:`.adjoint` (reverse), written for the CPU. XLA:CPU runs a
-scan body one operation at a time on one core; here each sub-step's covariance update is one in-place BLAS call
-(``dgemm`` with ``beta = 1``, so no separate subtraction pass), a sub-step that does not predict skips the
-prediction instead of writing back what is there, and the prediction writes rows and copies them to the columns
-(the result is symmetric). BLAS runs on one thread inside the callback (:func:`one_blas_thread`).
-:func:`msrm.gp.state_space.loglik` calls it through
-``jax.pure_callback`` when the run was prepared with ``method="callback"`` (the default on a CPU with at least two
-cores); the XLA scan stays the path for accelerators and the reference it is tested against.
+scan body one operation at a time on one core; here
+
+* each sub-step's covariance update is one in-place ``dgemm`` with ``beta = 1`` (:func:`gemm_acc`: no separate
+  subtraction pass, and no GIL held while it runs);
+* a sub-step reads only its occupied slots: an empty slot (zero weights, zero Λ and η) changes neither the value
+  nor a gradient, so it is left out of the update instead of being carried at rank K;
+* a sub-step that does not predict skips the prediction instead of writing back what is there, and the
+  prediction writes rows and copies them to the columns (the result is symmetric).
+
+BLAS runs on one thread per call (:func:`one_blas_thread`). :func:`msrm.gp.state_space.loglik` calls this
+through ``jax.pure_callback`` when the run was prepared with ``method="callback"`` (the default on a CPU with at
+least two cores); the XLA scan stays the path for accelerators and the reference it is tested against.
 
 Checkpointing is the same: the forward pass returns the state at the start of every chunk, and the reverse pass
-recomputes one chunk at a time (keeping that chunk's states) before running the adjoint over it.
+recomputes one chunk at a time (keeping that chunk's states) before running the adjoint over it. With
+``pipeline=True`` (two or more CPUs) the recomputation of chunk c - 1 runs on a second thread while the adjoint
+walks back through chunk c; the adjoints are the same to the last bit.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
-from scipy.linalg import blas, lapack
+from scipy.linalg import lapack
 
 from .filter import _qy, absorb_small_vjp, bank_block
 from .prepare import RunTables
@@ -40,6 +51,41 @@ def _sym(X):
     return 0.5 * (X + X.T)
 
 
+@functools.lru_cache(maxsize=1)
+def _dgemm():
+    """SciPy's BLAS ``dgemm`` (the Fortran symbol ``scipy.linalg.cython_blas`` exports) as a ctypes function.
+
+    ``scipy.linalg.blas.dgemm`` holds the GIL while it runs; a ctypes call releases it, so the reverse pass's
+    recomputation on a second thread (:meth:`HostFilter.backward`) runs beside the first one's BLAS calls."""
+    from scipy.linalg import cython_blas
+
+    cap = cython_blas.__pyx_capi__["dgemm"]
+    name = ctypes.pythonapi.PyCapsule_GetName
+    name.restype, name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    ptr = ctypes.pythonapi.PyCapsule_GetPointer
+    ptr.restype, ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    i, d, v = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_double), ctypes.c_void_p
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, i, i, i, d, v, i, v, i, d, v, i)
+    return proto(ptr(cap, name(cap)))
+
+
+def gemm_acc(alpha: float, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+    """``c += alpha a @ b`` in place by one ``dgemm`` (beta = 1), without holding the GIL.
+
+    All three are float64 and Fortran-contiguous (a transposed C-order array is): a (m, k), b (k, n), c (m, n).
+    """
+    (m, k), n = a.shape, b.shape[1]
+    for x, name in ((a, "a"), (b, "b"), (c, "c")):
+        if x.dtype != np.float64 or not x.flags.f_contiguous:
+            raise ValueError(f"gemm_acc: {name} must be Fortran-contiguous float64")
+    if b.shape[0] != k or c.shape != (m, n):
+        raise ValueError(f"gemm_acc: shapes {a.shape} @ {b.shape} -> {c.shape} do not match")
+    ref = ctypes.byref
+    I, D = ctypes.c_int, ctypes.c_double
+    _dgemm()(b"N", b"N", ref(I(m)), ref(I(n)), ref(I(k)), ref(D(alpha)), a.ctypes.data, ref(I(max(m, 1))),
+             b.ctypes.data, ref(I(max(k, 1))), ref(D(1.0)), c.ctypes.data, ref(I(max(m, 1))))
+
+
 class HostFilter:
     """One run's block filter on the host (static tables bound once)."""
 
@@ -51,6 +97,10 @@ class HostFilter:
         self.nblk = t.n_ring // t.block
         self.block_index = np.asarray(t.block_index, dtype=np.int64)
         self.predict = np.asarray(t.predict, dtype=bool)
+        # the occupied slots of each sub-step (None: all): an empty slot (a zero row of A, zero Λ and η) changes
+        # neither the value nor any gradient, so the update skips it instead of carrying it at rank K
+        occupied = np.concatenate([g.slot_local != g.n_g for g in t.groups], axis=1)
+        self._occupied = [None if o.all() else np.flatnonzero(o) for o in occupied]
         self._ar = {}
         if self.n:
             bb = bank_block(t)
@@ -141,24 +191,35 @@ class HostFilter:
         m[rows[0]] = y[:C].reshape(-1)
         m[rows[1]] = y[C:].reshape(-1)
 
+    def _slots(self, i, A, Ls, e):
+        """Sub-step i's weights (M', Q), Λ blocks (M', K, K) and η (M' K,) over its occupied slots."""
+        j = self._occupied[i]
+        if j is None:
+            return A[i], Ls[i], e[i]
+        return A[i][j], Ls[i][j], e[i].reshape(-1, self.K)[j].reshape(-1)
+
     def _step(self, m, P, i, A, Ls, e, T, Qy, keep=None):
         """One sub-step in place; returns (log Z, bad). ``keep`` (a dict) receives what the reverse pass reads."""
         K, S, Q = self.K, self.S, self.Q
-        Ai = A[i]
+        Ai, Li, ei = self._slots(i, A, Ls, e)
         R = Ai.shape[0] * K
+        if R == 0:  # no node ends in this block: the prediction only
+            if keep is not None:
+                keep.update(m=m.copy(), P=P.copy(), R=0)
+            if self.predict[i]:
+                self._predict(m, P, self.block_index[i], T, Qy)
+            return 0.0, 0
         Ut = (Ai @ P.reshape(Q, K * S)).reshape(R, S)  # B P; U = Ut.T
         U = np.ascontiguousarray(Ut.T)
         mu = (Ai @ m.reshape(Q, K)).reshape(R)
         Cm = _sym((Ai @ U.reshape(Q, K * R)).reshape(R, R))
-        Lb = self._blockdiag(Ls[i])
-        Giv, GiL, logZ, bad, Z = self._small(mu, Cm, Lb, e[i], value=keep is None)
+        Lb = self._blockdiag(Li)
+        Giv, GiL, logZ, bad, Z = self._small(mu, Cm, Lb, ei, value=keep is None)
         if keep is not None:
-            keep.update(m=m.copy(), P=P.copy(), Z=Z, U=U, mu=mu, Cm=Cm, Lb=Lb, Giv=Giv, GiL=GiL)
+            keep.update(m=m.copy(), P=P.copy(), R=R, A=Ai, e=ei, Z=Z, U=U, mu=mu, Cm=Cm, Lb=Lb, Giv=Giv, GiL=GiL)
         m += U @ Giv
         # P <- P - U (GiL Ut), in place: P.T is the same memory in Fortran order
-        out = blas.dgemm(-1.0, (GiL @ Ut).T, U.T, beta=1.0, c=P.T, overwrite_c=1)
-        if out.ctypes.data != P.ctypes.data:  # BLAS worked on a copy
-            P[...] = out.T
+        gemm_acc(-1.0, (GiL @ Ut).T, U.T, P.T)
         if self.predict[i]:
             self._predict(m, P, self.block_index[i], T, Qy)
         return logZ, bad
@@ -181,66 +242,104 @@ class HostFilter:
                 bad += bd
         return (ll, bad, sm, sP) if keep_starts else (ll, bad)
 
-    def backward(self, A, Ls, e, T, Qb, sm, sP, gll):
-        """Adjoints (Ā, Λ̄ blocks, η̄, T̄, Q̄_b, m̄0, P̄0) of the log Z sum, scaled by ``gll``."""
+    def _recompute(self, c, A, Ls, e, T, Qy, sm, sP):
+        """Chunk c's sub-steps again from its start state; what each one's reverse step reads, in order."""
+        t = self.t
+        m, P = sm[c].copy(), sP[c].copy()
+        kept = []
+        for i in range(c * t.chunk, (c + 1) * t.chunk):
+            k = {}
+            self._step(m, P, i, A, Ls, e, T, Qy, keep=k)
+            kept.append(k)
+        return kept
+
+    def backward(self, A, Ls, e, T, Qb, sm, sP, gll, pipeline: bool = False):
+        """Adjoints (Ā, Λ̄ blocks, η̄, T̄, Q̄_b, m̄0, P̄0) of the log Z sum, scaled by ``gll``.
+
+        ``pipeline``: recompute chunk c - 1 on a second thread while the reverse pass runs over chunk c (two
+        chunks' states are then held at once). BLAS and most NumPy loops release the GIL, so on two cores the
+        recomputation mostly hides behind the reverse pass; the result is the same to the last bit.
+        """
         t, K, d, S, s0 = self.t, self.K, self.d, self.S, self.s0
         Qy = _qy(Qb, np)
         Ab, Lsb, eb = np.zeros_like(A), np.zeros_like(Ls), np.zeros_like(e)
         Tb, Qbb = np.zeros_like(T), np.zeros_like(Qb)
         mb, Pb = np.zeros(S), np.zeros((S, S))
-        for c in reversed(range(t.n_chunks)):
-            m, P = sm[c].copy(), sP[c].copy()
-            kept = []
-            for i in range(c * t.chunk, (c + 1) * t.chunk):
-                k = {}
-                self._step(m, P, i, A, Ls, e, T, Qy, keep=k)
-                kept.append(k)
-            for i in reversed(range(c * t.chunk, (c + 1) * t.chunk)):
-                k = kept[i - c * t.chunk]
-                mi, Pi, Z, U, mu = k["m"], k["P"], k["Z"], k["U"], k["mu"]
-                Cm, Lb, Giv, GiL = k["Cm"], k["Lb"], k["Giv"], k["GiL"]
-                Ai, b = A[i], self.block_index[i]
-                M, R = Ai.shape[0], Ai.shape[0] * K
-                if self.predict[i]:
-                    Xs = Pi[:, s0 : s0 + d * K] - U @ (GiL @ U[s0 : s0 + d * K].T)
-                    ms = mi[s0 : s0 + d * K] + U[s0 : s0 + d * K] @ Giv
-                    if self.n:
-                        self._bank_rows(b, Xs)
-                    dT, dQ = self._sde_write_transpose(b, mb, Pb, T, Xs, ms)
-                    Tb += dT
-                    Qbb += dQ
-                    if self.n:
-                        self._bank_rows_transpose(b, Pb)
-                        self._bank_rows_transpose(b, Pb.T)
-                        self._bank_rows_transpose(b, mb[:, None])
-                # absorb
-                Yp = Pb @ U
-                Ub = np.outer(mb, Giv) - 2.0 * Yp @ GiL
-                GiLb = -(U.T @ Yp)
-                Givb = U.T @ mb
-                mub, Cb, Lbb, ebi = absorb_small_vjp(mu, Cm, Lb, e[i], Z, Giv, (Givb, GiLb, gll), xp=np)
-                Cb = _sym(Cb)
-                Q = self.Q
-                # C = B U
-                Cb3 = Cb.reshape(M, K * R)
-                Ub += (Ai.T @ Cb3).reshape(S, R)
-                Ab_i = Cb3 @ U.reshape(Q, K * R).T
-                # mu = B m
-                mub2 = mub.reshape(M, K)
-                mb += (Ai.T @ mub2).reshape(S)
-                Ab_i += mub2 @ mi.reshape(Q, K).T
-                # U^T = B P
-                U3 = np.ascontiguousarray(Ub.T).reshape(M, K * S)
-                Zs = (Ai.T @ U3).reshape(S, S)
-                Ab_i += U3 @ Pi.reshape(Q, K * S).T
-                Zs *= 0.5
-                Pb += Zs
-                Pb += Zs.T
-                Ab[i] = Ab_i
-                idx = np.arange(M)
-                Lsb[i] = Lbb.reshape(M, K, M, K)[idx, :, idx, :]
-                eb[i] = ebi
+        args = (A, Ls, e, T, Qy, sm, sP)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msrm-recompute") if (
+            pipeline and t.n_chunks > 1) else None
+        try:
+            nxt = None if pool is None else pool.submit(self._recompute, t.n_chunks - 1, *args)
+            for c in reversed(range(t.n_chunks)):
+                if pool is None:
+                    kept = self._recompute(c, *args)
+                else:
+                    kept = nxt.result()
+                    nxt = pool.submit(self._recompute, c - 1, *args) if c > 0 else None
+                self._reverse_chunk(c, kept, A, Ls, e, T, gll, Ab, Lsb, eb, Tb, Qbb, mb, Pb)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         return Ab, Lsb, eb, Tb, Qbb, mb, Pb
+
+    def _reverse_chunk(self, c, kept, A, Ls, e, T, gll, Ab, Lsb, eb, Tb, Qbb, mb, Pb):
+        """The reverse pass over chunk c (in place on the adjoint accumulators)."""
+        t, K, d, S, s0 = self.t, self.K, self.d, self.S, self.s0
+        for i in reversed(range(c * t.chunk, (c + 1) * t.chunk)):
+            k = kept[i - c * t.chunk]
+            mi, Pi, R, b = k["m"], k["P"], k["R"], self.block_index[i]
+            if self.predict[i]:
+                Xs, ms = Pi[:, s0 : s0 + d * K], mi[s0 : s0 + d * K]
+                if R:
+                    U, GiL = k["U"], k["GiL"]
+                    Xs = Xs - U @ (GiL @ U[s0 : s0 + d * K].T)
+                    ms = ms + U[s0 : s0 + d * K] @ k["Giv"]
+                elif self.n:
+                    Xs = Xs.copy()
+                if self.n:
+                    self._bank_rows(b, Xs)
+                dT, dQ = self._sde_write_transpose(b, mb, Pb, T, Xs, ms)
+                Tb += dT
+                Qbb += dQ
+                if self.n:
+                    self._bank_rows_transpose(b, Pb)
+                    self._bank_rows_transpose(b, Pb.T)
+                    self._bank_rows_transpose(b, mb[:, None])
+            if not R:
+                continue
+            Z, U, mu, Cm, Lb, Giv, GiL, Ai = (k[n] for n in ("Z", "U", "mu", "Cm", "Lb", "Giv", "GiL", "A"))
+            M = Ai.shape[0]
+            # absorb
+            Yp = Pb @ U
+            Ub = np.outer(mb, Giv) - 2.0 * Yp @ GiL
+            GiLb = -(U.T @ Yp)
+            Givb = U.T @ mb
+            mub, Cb, Lbb, ebi = absorb_small_vjp(mu, Cm, Lb, k["e"], Z, Giv, (Givb, GiLb, gll), xp=np)
+            Cb = _sym(Cb)
+            Q = self.Q
+            # C = B U
+            Cb3 = Cb.reshape(M, K * R)
+            Ub += (Ai.T @ Cb3).reshape(S, R)
+            Ab_i = Cb3 @ U.reshape(Q, K * R).T
+            # mu = B m
+            mub2 = mub.reshape(M, K)
+            mb += (Ai.T @ mub2).reshape(S)
+            Ab_i += mub2 @ mi.reshape(Q, K).T
+            # U^T = B P
+            U3 = np.ascontiguousarray(Ub.T).reshape(M, K * S)
+            Zs = (Ai.T @ U3).reshape(S, S)
+            Ab_i += U3 @ Pi.reshape(Q, K * S).T
+            Zs *= 0.5
+            Pb += Zs
+            Pb += Zs.T
+            idx = np.arange(M)
+            j = self._occupied[i]
+            if j is None:
+                Ab[i], Lsb[i], eb[i] = Ab_i, Lbb.reshape(M, K, M, K)[idx, :, idx, :], ebi
+            else:
+                Ab[i][j] = Ab_i
+                Lsb[i][j] = Lbb.reshape(M, K, M, K)[idx, :, idx, :]
+                eb[i].reshape(-1, K)[j] = ebi.reshape(M, K)
 
     def _sde_write_transpose(self, b, mb, Pb, T, Xs, ms):
         """Adjoint of the SDE write (in place on mb, Pb); returns (T̄, Q̄_b)."""
