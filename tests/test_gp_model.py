@@ -116,6 +116,10 @@ def test_bad_construction_arguments():
         GPMSRM(data, truth.spec, priors={"lenghtscale_steps": 3.0})
     with pytest.raises(ValueError, match="state_space"):
         GPMSRM(data, truth.spec, "grouped", n_states=4)
+    with pytest.raises(ValueError, match="state_space"):
+        GPMSRM(data, truth.spec, "grouped", block=3)
+    with pytest.raises(ValueError, match="block must be a positive integer"):
+        GPMSRM(data, truth.spec, "state_space", block=0)
 
 
 def test_float32_is_refused():

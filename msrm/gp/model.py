@@ -40,7 +40,7 @@ from . import transforms as tf
 __all__ = ["GPMSRM", "LINEAR_ALGEBRA"]
 
 LINEAR_ALGEBRA = ("dense", "grouped", "state_space")
-_STATE_SPACE_OPTIONS = ("response_embedding", "parallel", "checkpoint_every", "n_states")
+_STATE_SPACE_OPTIONS = ("response_embedding", "parallel", "checkpoint_every", "n_states", "block")
 
 
 def _require_x64() -> None:
@@ -80,7 +80,8 @@ class GPMSRM:
             host, or an XLA scan).
         priors: ``None`` (defaults), a :class:`~msrm.gp.transforms.Priors`, or a dict overriding names of
             :data:`~msrm.gp.transforms.PRIOR_DEFAULTS`.
-        response_embedding, parallel, checkpoint_every, n_states: state-space options, passed through.
+        response_embedding, parallel, checkpoint_every, n_states, block: state-space options, passed through
+            (:func:`msrm.gp.state_space.prepare`).
         devices: where runs are evaluated (dense/grouped): ``None`` (every local device when there are several,
             else the one), ``"all"``, a ``jax.Device`` or a list of devices or device indices. More than one
             device shards the runs over them (:mod:`msrm.gp.multirun`; the factorization is then native JAX, and
@@ -99,7 +100,7 @@ class GPMSRM:
 
     def __init__(self, data: Dataset, spec: ModelSpec, linear_algebra: str = "grouped", *, method: str = "auto",
                  priors=None, response_embedding=None, parallel=None, checkpoint_every=None, n_states=None,
-                 devices=None, batch_runs: bool = True, pad_tolerance: float = 0.1):
+                 block=None, devices=None, batch_runs: bool = True, pad_tolerance: float = 0.1):
         if not isinstance(data, Dataset):
             raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
         if not isinstance(spec, ModelSpec):
@@ -110,7 +111,7 @@ class GPMSRM:
             raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
         self.groups = response_groups(data, spec)  # KeyError for a modality without a response
         ss_options = {k: v for k, v in zip(_STATE_SPACE_OPTIONS, (response_embedding, parallel, checkpoint_every,
-                                                                  n_states)) if v is not None}
+                                                                  n_states, block)) if v is not None}
         if ss_options and linear_algebra != "state_space":
             raise ValueError(f"options {sorted(ss_options)} apply only to linear_algebra='state_space'")
         if not isinstance(batch_runs, (bool, np.bool_)):

@@ -32,11 +32,16 @@ from ..prepare import RunPrepared, prepare_run
 from .embedding import EMBEDDINGS, design_bank, projection
 from .sde import n_states as sde_states
 
-# Grid steps absorbed together by the sequential scan: the nodes whose windows end inside one block of BLOCK
-# steps enter in one update of rank (their count x K), so the covariance update is one matrix product per block.
-BLOCK = 4
+# The sequential scan absorbs together every node whose window ends inside a block of C grid steps: one
+# covariance update of rank (their count x K) per block. A sub-step has a fixed cost (tens of small operations,
+# one small LU, the prediction's row and column writes) beside its S^2 x rank products, and a longer block also
+# lengthens the ring (S grows by K per extra step). By default C is chosen per run so that a block's update has
+# about TARGET_RANK columns on average; ``msrm.bench.state_space.block_rows`` measures value+gradient against C
+# (the state-space chapter's block table).
+TARGET_RANK = 48
+MAX_BLOCK = 32
 
-__all__ = ["BLOCK", "GroupTable", "RunTables", "SSRun", "StateSpacePrepared", "prepare"]
+__all__ = ["TARGET_RANK", "auto_block", "GroupTable", "RunTables", "SSRun", "StateSpacePrepared", "prepare"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,6 +182,30 @@ def _check_options(response_embedding, n_states, parallel, checkpoint_every) -> 
         raise ValueError(f"checkpoint_every must be None (about sqrt(steps)), 0 (off) or a positive integer, got {checkpoint_every!r}")
 
 
+def _warn_blas_threads(method: str) -> None:
+    """The host filter's BLAS calls are meant to run on one thread each (:func:`.host.one_blas_thread`). After an
+    explicit ``msrm.runtime.configure(blas_threads=n > 1)`` the limit did not hold inside JAX's callback thread
+    on the development machine (OpenBLAS kept n threads there) and value+gradient ran 10 to 20 times slower."""
+    from ... import runtime
+
+    n = runtime._STATE.get("blas_threads")
+    if method == "callback" and n is not None and n > 1:
+        import warnings
+
+        warnings.warn(
+            f"state_space with method='callback' after msrm.runtime.configure(blas_threads={n}): the host filter's "
+            "BLAS calls may then run multi-threaded inside JAX's callback thread, which was measured 10-20x slower "
+            "on a 2-core machine; leave blas_threads unset (or pass method='native') for this backend",
+            runtime.OversubscriptionWarning, stacklevel=3)
+
+
+def auto_block(n_nodes: int, n_grid: int, K: int) -> int:
+    """Grid steps per block for a run of ``n_nodes`` nodes on ``n_grid`` grid points with K factors: about
+    :data:`TARGET_RANK` update columns per block, between 1 and ``min(MAX_BLOCK, n_grid)``."""
+    per_step = max(n_nodes, 1) / max(n_grid, 1)
+    return int(min(max(round(TARGET_RANK / (K * per_step)), 1), MAX_BLOCK, max(n_grid, 1)))
+
+
 def _group_counts(units: np.ndarray, n_units: int, piles: tuple[int, ...]) -> tuple[np.ndarray, int]:
     """Nodes absorbed per unit and the slots per sub-step: the largest count away from the units where windows
     clipped at the run's ends pile up (``piles``); a pile-up is spread over extra sub-steps instead of widening
@@ -244,8 +273,8 @@ def prepare(
         parallel: True for the associative (log-depth) scan.
         checkpoint_every: sub-steps per checkpointed chunk of the sequential scan; None = ceil(sqrt(sub-steps)),
             0 = no checkpointing.
-        block: grid steps per block of the sequential scan, default :data:`BLOCK` (the value does not change
-            the density).
+        block: grid steps per block of the sequential scan; None (default) chooses it per run with
+            :func:`auto_block`. The value does not change the density.
         method: where the sequential scan runs: ``"callback"`` (NumPy and SciPy's BLAS on the host, called
             from JAX), ``"native"`` (an XLA scan) or ``"auto"`` (as :func:`msrm.gp.linalg.quad_logdet`: the
             callback on a CPU backend with at least two cores, native elsewhere). The associative scan is
@@ -254,13 +283,13 @@ def prepare(
         ValueError: a bad option (named); KeyError: a modality without a response.
     """
     _check_options(response_embedding, n_states, parallel, checkpoint_every)
-    block = BLOCK if block is None else block
     if method not in ("auto", "callback", "native"):
         raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
     from ..linalg import _resolve
 
     method = "native" if parallel else _resolve(method)
-    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+    _warn_blas_threads(method)
+    if block is not None and (isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1):
         raise ValueError(f"block must be a positive integer, got {block!r}")
     groups = response_groups(data, spec)
     K, d = spec.n_factors, sde_states(spec.kernel)
@@ -283,7 +312,7 @@ def prepare(
         for g, e in zip(lay.groups, ends):
             if g.window.start.size and (g.window.start.min() < 0 or e.max() > J - 1):
                 raise ValueError(f"response group {g.key!r}: a window leaves the run's grid")
-        C = 1 if parallel else int(min(block, J))
+        C = 1 if parallel else int(min(block, J)) if block is not None else auto_block(lay.n_nodes, J, K)
         n_units = -(-J // C)
         units = [e // C for e in ends]
         piles = [(min(w - 1, J - 1) // C, (J - 1) // C) for w in widths]
