@@ -206,8 +206,7 @@ class HostFilter:
         if R == 0:  # no node ends in this block: the prediction only
             if keep is not None:
                 keep.update(m=m.copy(), P=P.copy(), R=0)
-            if self.predict[i]:
-                self._predict(m, P, self.block_index[i], T, Qy)
+            self._maybe_predict(m, P, i, T, Qy, keep)
             return 0.0, 0
         Ut = (Ai @ P.reshape(Q, K * S)).reshape(R, S)  # B P; U = Ut.T
         U = np.ascontiguousarray(Ut.T)
@@ -220,9 +219,27 @@ class HostFilter:
         m += U @ Giv
         # P <- P - U (GiL Ut), in place: P.T is the same memory in Fortran order
         gemm_acc(-1.0, (GiL @ Ut).T, U.T, P.T)
-        if self.predict[i]:
-            self._predict(m, P, self.block_index[i], T, Qy)
+        self._maybe_predict(m, P, i, T, Qy, keep)
         return logZ, bad
+
+    def _maybe_predict(self, m, P, i, T, Qy, keep):
+        """The prediction after sub-step i, if it predicts; ``keep`` also receives what the adjoint of the SDE
+        write reads from the absorbed state (``F P`` on the SDE columns and the SDE mean), computed here on the
+        recomputing thread instead of in the reverse pass."""
+        if not self.predict[i]:
+            return
+        b = self.block_index[i]
+        if keep is not None:
+            K, C, d, s0 = self.K, self.C, self.d, self.s0
+            FPs, ms = P[:, s0 : s0 + d * K].copy(), m[s0 : s0 + d * K].copy()
+            if self.n:
+                self._bank_rows(b, FPs)
+            r1 = self._r(b + 1)
+            FX = np.einsum("kyi,ikc->ykc", T, FPs[s0 : s0 + d * K].reshape(d, K, d * K))
+            FPs[r1 : r1 + C * K] = FX[:C].reshape(C * K, d * K)
+            FPs[s0 : s0 + d * K] = FX[C:].reshape(d * K, d * K)
+            keep.update(FPs=FPs, ms=ms)
+        self._predict(m, P, b, T, Qy)
 
     # ------------------------------------------------------------------ passes
     def forward(self, A, Ls, e, T, Qb, m0, P0, keep_starts: bool):
@@ -258,9 +275,10 @@ class HostFilter:
 
         ``pipeline``: recompute chunk c - 1 on a second thread while the reverse pass runs over chunk c (two
         chunks' states are then held at once). BLAS and most NumPy loops release the GIL, so on two cores the
-        recomputation mostly hides behind the reverse pass; the result is the same to the last bit.
+        recomputation mostly hides behind the reverse pass; Ā (which nothing later reads) is then also formed on
+        that thread. The result is the same to the last bit.
         """
-        t, K, d, S, s0 = self.t, self.K, self.d, self.S, self.s0
+        t, S = self.t, self.S
         Qy = _qy(Qb, np)
         Ab, Lsb, eb = np.zeros_like(A), np.zeros_like(Ls), np.zeros_like(e)
         Tb, Qbb = np.zeros_like(T), np.zeros_like(Qb)
@@ -268,6 +286,7 @@ class HostFilter:
         args = (A, Ls, e, T, Qy, sm, sP)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msrm-recompute") if (
             pipeline and t.n_chunks > 1) else None
+        weights = []
         try:
             nxt = None if pool is None else pool.submit(self._recompute, t.n_chunks - 1, *args)
             for c in reversed(range(t.n_chunks)):
@@ -276,29 +295,29 @@ class HostFilter:
                 else:
                     kept = nxt.result()
                     nxt = pool.submit(self._recompute, c - 1, *args) if c > 0 else None
-                self._reverse_chunk(c, kept, A, Ls, e, T, gll, Ab, Lsb, eb, Tb, Qbb, mb, Pb)
+                deferred = self._reverse_chunk(c, kept, T, gll, Lsb, eb, Tb, Qbb, mb, Pb)
+                if pool is None:
+                    self._weight_adjoints(deferred, Ab)
+                else:
+                    weights.append(pool.submit(self._weight_adjoints, deferred, Ab))
+            for w in weights:
+                w.result()
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
         return Ab, Lsb, eb, Tb, Qbb, mb, Pb
 
-    def _reverse_chunk(self, c, kept, A, Ls, e, T, gll, Ab, Lsb, eb, Tb, Qbb, mb, Pb):
-        """The reverse pass over chunk c (in place on the adjoint accumulators)."""
-        t, K, d, S, s0 = self.t, self.K, self.d, self.S, self.s0
+    def _reverse_chunk(self, c, kept, T, gll, Lsb, eb, Tb, Qbb, mb, Pb):
+        """The reverse pass over chunk c (in place on the adjoint accumulators except Ā); returns what
+        :meth:`_weight_adjoints` needs for Ā."""
+        t, K, S = self.t, self.K, self.S
+        deferred = []
         for i in reversed(range(c * t.chunk, (c + 1) * t.chunk)):
             k = kept[i - c * t.chunk]
             mi, Pi, R, b = k["m"], k["P"], k["R"], self.block_index[i]
+            kept[i - c * t.chunk] = None
             if self.predict[i]:
-                Xs, ms = Pi[:, s0 : s0 + d * K], mi[s0 : s0 + d * K]
-                if R:
-                    U, GiL = k["U"], k["GiL"]
-                    Xs = Xs - U @ (GiL @ U[s0 : s0 + d * K].T)
-                    ms = ms + U[s0 : s0 + d * K] @ k["Giv"]
-                elif self.n:
-                    Xs = Xs.copy()
-                if self.n:
-                    self._bank_rows(b, Xs)
-                dT, dQ = self._sde_write_transpose(b, mb, Pb, T, Xs, ms)
+                dT, dQ = self._sde_write_transpose(b, mb, Pb, T, k["FPs"], k["ms"])
                 Tb += dT
                 Qbb += dQ
                 if self.n:
@@ -316,40 +335,50 @@ class HostFilter:
             Givb = U.T @ mb
             mub, Cb, Lbb, ebi = absorb_small_vjp(mu, Cm, Lb, k["e"], Z, Giv, (Givb, GiLb, gll), xp=np)
             Cb = _sym(Cb)
-            Q = self.Q
             # C = B U
             Cb3 = Cb.reshape(M, K * R)
             Ub += (Ai.T @ Cb3).reshape(S, R)
-            Ab_i = Cb3 @ U.reshape(Q, K * R).T
             # mu = B m
             mub2 = mub.reshape(M, K)
             mb += (Ai.T @ mub2).reshape(S)
-            Ab_i += mub2 @ mi.reshape(Q, K).T
             # U^T = B P
             U3 = np.ascontiguousarray(Ub.T).reshape(M, K * S)
             Zs = (Ai.T @ U3).reshape(S, S)
-            Ab_i += U3 @ Pi.reshape(Q, K * S).T
             Zs *= 0.5
             Pb += Zs
             Pb += Zs.T
             idx = np.arange(M)
             j = self._occupied[i]
             if j is None:
-                Ab[i], Lsb[i], eb[i] = Ab_i, Lbb.reshape(M, K, M, K)[idx, :, idx, :], ebi
+                Lsb[i], eb[i] = Lbb.reshape(M, K, M, K)[idx, :, idx, :], ebi
             else:
-                Ab[i][j] = Ab_i
                 Lsb[i][j] = Lbb.reshape(M, K, M, K)[idx, :, idx, :]
                 eb[i].reshape(-1, K)[j] = ebi.reshape(M, K)
+            deferred.append((i, Cb3, U, mub2, mi, U3, Pi))
+        return deferred
 
-    def _sde_write_transpose(self, b, mb, Pb, T, Xs, ms):
-        """Adjoint of the SDE write (in place on mb, Pb); returns (T̄, Q̄_b)."""
+    def _weight_adjoints(self, deferred, Ab):
+        """Ā of the sub-steps of one chunk (writes Ab rows): ``C = B U``, ``μ = B m`` and ``Uᵀ = B P`` against
+        the adjoints the reverse pass left. Nothing later in the reverse pass reads Ā, so this runs on the
+        helper thread when the pass is pipelined."""
+        K, S, Q = self.K, self.S, self.Q
+        for i, Cb3, U, mub2, mi, U3, Pi in deferred:
+            R = U.shape[1]
+            Ab_i = Cb3 @ U.reshape(Q, K * R).T
+            Ab_i += mub2 @ mi.reshape(Q, K).T
+            Ab_i += U3 @ Pi.reshape(Q, K * S).T
+            j = self._occupied[i]
+            if j is None:
+                Ab[i] = Ab_i
+            else:
+                Ab[i][j] = Ab_i
+
+    def _sde_write_transpose(self, b, mb, Pb, T, FPs, ms):
+        """Adjoint of the SDE write (in place on mb, Pb); returns (T̄, Q̄_b). FPs: ``F P`` on the SDE columns of
+        the absorbed (and bank-moved) state; ms: its SDE mean."""
         K, C, d, S, s0 = self.K, self.C, self.d, self.S, self.s0
         Y = C + d
         r1 = self._r(b + 1)
-        FX = np.einsum("kyi,ikc->ykc", T, Xs[s0 : s0 + d * K].reshape(d, K, d * K))
-        FPs = Xs.copy()
-        FPs[r1 : r1 + C * K] = FX[:C].reshape(C * K, d * K)
-        FPs[s0 : s0 + d * K] = FX[C:].reshape(d * K, d * K)
         Wy = np.concatenate([Pb[r1 : r1 + C * K], Pb[s0 : s0 + d * K]])  # (Y K, S)
         G = (Wy @ FPs).reshape(Y, K, d, K)
         my = np.concatenate([mb[r1 : r1 + C * K], mb[s0 : s0 + d * K]]).reshape(Y, K)
