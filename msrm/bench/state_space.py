@@ -19,7 +19,7 @@ from .measure import PeakMemory, warm_median
 from .rows import make_row
 
 __all__ = ["SIZES", "NOTEBOOK", "NOTE_STATES_PER_FACTOR", "note_staging_bytes", "memory_rows", "speed_rows",
-           "ladder_rows", "bank_rows", "parallel_rows", "all_rows"]
+           "ladder_rows", "bank_rows", "block_rows", "parallel_rows", "all_rows"]
 
 NOTEBOOK = "state_space"
 NOTE_STATES_PER_FACTOR = 50
@@ -28,11 +28,15 @@ SIZES: dict[str, dict[str, Any]] = {
     # smoke exercises every experiment's code path at the smallest size (each state-space model compiles in tens
     # of seconds on two cores, so it builds few of them and leaves the associative scan to the slow tests)
     "smoke": dict(profile="tiny", n_features=3, K=2, ladder_K=2, scales=[1], grouped_scales=[1],
+                  block_cases=[dict(K=2, scale=1, blocks=[2, None])],
                   bank_states=[4], parallel=None, parallel_cpu=None, repeats=1, time_budget_s=30.0),
     "quick": dict(profile="one-eighth", n_features=36, K=3, ladder_K=5, scales=[1, 2, 4], grouped_scales=[1, 2],
+                  block_cases=[dict(K=3, scale=1, blocks=[2, 4, 8, 16, None])],
                   bank_states=[2, 4, 8, 16, 32], parallel=dict(duration_scale=0.25, K=2),
                   parallel_cpu=dict(duration_scale=0.25, K=2), repeats=2, time_budget_s=60.0),
     "note": dict(profile="one-eighth", n_features=3600, K=3, ladder_K=5, scales=[1, 2, 4, 8],
+                 block_cases=[dict(K=3, scale=1, blocks=[2, 4, 6, 8, 12, 16, None]),
+                              dict(K=5, scale=8, blocks=[2, 4, 6, 8, 12, None])],
                  grouped_scales=[1, 2, 4, 8], bank_states=[2, 4, 8, 16, 24, 32, 48],
                  # the log-depth scan does a dense S x S solve per element and level: on a CPU, where nothing
                  # runs the elements side by side, it is measured on a quarter of the length
@@ -216,6 +220,26 @@ def bank_rows(size: str, *, info=None) -> list[dict]:
     return rows
 
 
+def block_rows(size: str, *, info=None) -> list[dict]:
+    """value+grad against the block length C of the sequential scan, with the per-run choice
+    (:func:`msrm.gp.state_space.prepare.auto_block`, ``block="auto"``) among them; the density is the same for
+    every C (tested), only the cost changes."""
+    sz = SIZES[size]
+    rows = []
+    for case in sz["block_cases"]:
+        data, truth = _case(sz, K=case["K"], duration_scale=float(case["scale"]))
+        base = dict(K=case["K"], scale=case["scale"], n_features=sz["n_features"], profile=sz["profile"])
+        for block in case["blocks"]:
+            model = _model(data, truth.spec, "state_space", **({} if block is None else {"block": block}))
+            u = model.unconstrain(truth.params)
+            first, med, samples, _ = _timed(model, u, sz["repeats"])
+            extra = dict(base, requested="auto" if block is None else str(block), **_ss_params(model))
+            rows.append(make_row(NOTEBOOK, "block", "median_s", med, "s", info=info, samples=samples, **extra))
+            rows.append(make_row(NOTEBOOK, "block", "first_call_s", first, "s", info=info, **extra))
+            del model
+    return rows
+
+
 def parallel_rows(size: str, *, info=None) -> list[dict]:
     """value+grad of the associative scan against the sequential scan (same process), and their agreement."""
     import jax
@@ -251,7 +275,7 @@ def parallel_rows(size: str, *, info=None) -> list[dict]:
 def all_rows(size: str, *, info=None, progress=None) -> list[dict]:
     """Every state-space measurement of a profile, in the order the chapter shows them."""
     rows = []
-    for fn in (memory_rows, speed_rows, bank_rows, parallel_rows):
+    for fn in (memory_rows, speed_rows, bank_rows, block_rows, parallel_rows):
         rows += fn(size, info=info)
         if progress is not None:
             progress(fn.__name__)
