@@ -28,15 +28,15 @@ SIZES: dict[str, dict[str, Any]] = {
     # smoke exercises every experiment's code path at the smallest size (each state-space model compiles in tens
     # of seconds on two cores, so it builds few of them and leaves the associative scan to the slow tests)
     "smoke": dict(profile="tiny", n_features=3, K=2, ladder_K=2, scales=[1], grouped_scales=[1],
-                  block_cases=[dict(K=2, scale=1, blocks=[2, None])],
+                  block_cases=[dict(K=2, scale=1, blocks=[2, None])], speed_repeats=1,
                   bank_states=[4], parallel=None, parallel_cpu=None, repeats=1, time_budget_s=30.0),
     "quick": dict(profile="one-eighth", n_features=36, K=3, ladder_K=5, scales=[1, 2, 4], grouped_scales=[1, 2],
-                  block_cases=[dict(K=3, scale=1, blocks=[2, 4, 8, 16, None])],
+                  block_cases=[dict(K=3, scale=1, blocks=[2, 4, 8, 16, None])], speed_repeats=3,
                   bank_states=[2, 4, 8, 16, 32], parallel=dict(duration_scale=0.25, K=2),
                   parallel_cpu=dict(duration_scale=0.25, K=2), repeats=2, time_budget_s=60.0),
     "note": dict(profile="one-eighth", n_features=3600, K=3, ladder_K=5, scales=[1, 2, 4, 8],
                  block_cases=[dict(K=3, scale=1, blocks=[2, 4, 6, 8, 12, 16, None]),
-                              dict(K=5, scale=8, blocks=[2, 4, 6, 8, 12, None])],
+                              dict(K=5, scale=8, blocks=[2, 4, 6, 8, 12, None])], speed_repeats=7,
                  grouped_scales=[1, 2, 4, 8], bank_states=[2, 4, 8, 16, 24, 32, 48],
                  # the log-depth scan does a dense S x S solve per element and level: on a CPU, where nothing
                  # runs the elements side by side, it is measured on a quarter of the length
@@ -115,27 +115,38 @@ def memory_rows(size: str, *, info=None) -> list[dict]:
 
 
 def speed_rows(size: str, *, info=None) -> list[dict]:
-    """value+grad of state_space and grouped on the same data in one process, their ratio and agreement."""
+    """value+grad of state_space and grouped on the same data in one process, timed side by side (the two calls
+    alternate, ``speed_repeats`` times, after one compiling call each), their ratio and agreement."""
+    import numpy as np
+
     from msrm.gp.memory import MemoryGuardError
+
+    from .measure import side_by_side
 
     sz = SIZES[size]
     data, truth = _case(sz, K=sz["K"])
     base = dict(K=sz["K"], n_features=sz["n_features"], profile=sz["profile"])
-    rows, med, values = [], {}, {}
+    rows, models, first, values = [], {}, {}, {}
     for backend in ("state_space", "grouped"):
         try:
-            model = _model(data, truth.spec, backend)
+            models[backend] = _model(data, truth.spec, backend)
         except MemoryGuardError as exc:
             rows.append(make_row(NOTEBOOK, "speed", "median_s", None, "s", status="refused", info=info,
                                  reason=str(exc), backend=backend, **base))
-            continue
-        u = model.unconstrain(truth.params)
-        first, med[backend], samples, _ = _timed(model, u, sz["repeats"])
+    u = {b: m.unconstrain(truth.params) for b, m in models.items()}
+    for backend, model in models.items():
+        t0 = time.perf_counter()
+        model.value_and_grad(u[backend])
+        first[backend] = time.perf_counter() - t0
         values[backend] = model.log_likelihood(truth.params)
+    times = side_by_side({b: (lambda m=m, x=u[b]: m.value_and_grad(x)) for b, m in models.items()},
+                         repeats=sz["speed_repeats"])
+    med = {b: float(np.median(t)) for b, t in times.items()}
+    for backend, model in models.items():
         extra = dict(base, backend=backend, **(_ss_params(model) if backend == "state_space" else {}))
-        rows.append(make_row(NOTEBOOK, "speed", "median_s", med[backend], "s", info=info, samples=samples, **extra))
-        rows.append(make_row(NOTEBOOK, "speed", "first_call_s", first, "s", info=info, **extra))
-        del model
+        rows.append(make_row(NOTEBOOK, "speed", "median_s", med[backend], "s", info=info, samples=times[backend],
+                             **extra))
+        rows.append(make_row(NOTEBOOK, "speed", "first_call_s", first[backend], "s", info=info, **extra))
     if len(med) == 2:
         rows.append(make_row(NOTEBOOK, "speed", "grouped_over_state_space", med["grouped"] / med["state_space"], "x",
                              info=info, **base))
