@@ -262,6 +262,7 @@ def test_host_reverse_pass_pipelined_equals_one_thread():
     t = run.tables
     hf = HostFilter(t)
     assert t.n_chunks > 2
+    assert not hf.pipeline_pays  # a tiny state: the one-thread pass is used by default
     assert any(o is not None and o.size == 0 for o in hf._occupied)
     assert any(o is not None and o.size > 0 for o in hf._occupied)
     A, Ls, e, _ = step_tables(theta, run)

@@ -222,7 +222,7 @@ def _make_core_host(t: RunTables):
 
     hf = HostFilter(t)
     S, f64 = t.n_states, jnp.float64
-    pipeline = runtime.physical_cores() >= 2
+    pipeline = runtime.physical_cores() >= 2 and hf.pipeline_pays
 
     def value(A, Ls, e, T, Qb, m0, P0):
         with one_blas_thread():

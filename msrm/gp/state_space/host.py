@@ -16,8 +16,9 @@ least two cores); the XLA scan stays the path for accelerators and the reference
 
 Checkpointing is the same: the forward pass returns the state at the start of every chunk, and the reverse pass
 recomputes one chunk at a time (keeping that chunk's states) before running the adjoint over it. With
-``pipeline=True`` (two or more CPUs) the recomputation of chunk c - 1 runs on a second thread while the adjoint
-walks back through chunk c; the adjoints are the same to the last bit.
+``pipeline=True`` (two or more CPUs, and sub-steps large enough: :data:`PIPELINE_MIN_WORK`) the recomputation of
+chunk c - 1 runs on a second thread while the adjoint walks back through chunk c; the adjoints are the same to
+the last bit.
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ from .prepare import RunTables
 __all__ = ["HostFilter", "one_blas_thread"]
 
 _CONTROLLER = []
+
+# S^2 x (mean update rank) from which the reverse pass recomputes on a second thread. On the 2-core development
+# machine the pipelined pass was 7% slower at one-eighth with K = 3 (S = 222, rank 45: 2.2e6) and 15-20% faster at
+# x8 with K = 5 (S = 335, rank 46: 5.2e6), both timed against the one-thread pass in one process.
+PIPELINE_MIN_WORK = 4.0e6
 
 
 def one_blas_thread():
@@ -101,6 +107,11 @@ class HostFilter:
         # neither the value nor any gradient, so the update skips it instead of carrying it at rank K
         occupied = np.concatenate([g.slot_local != g.n_g for g in t.groups], axis=1)
         self._occupied = [None if o.all() else np.flatnonzero(o) for o in occupied]
+        counts = occupied.sum(axis=1)
+        rank = float(counts[counts > 0].mean()) * self.K if counts.any() else 0.0
+        # the second thread pays off only when BLAS time, which runs without the GIL, outweighs the GIL-held
+        # Python and small-array work of a sub-step
+        self.pipeline_pays = self.S * self.S * rank >= PIPELINE_MIN_WORK
         self._ar = {}
         if self.n:
             bb = bank_block(t)
