@@ -103,6 +103,31 @@ def test_auto_block_targets_the_update_rank():
     assert auto_block(0, 1, 1) == 1
 
 
+def test_auto_chunk_keeps_what_fits():
+    import math
+
+    from msrm.gp.state_space.prepare import KEEP_BYTES, auto_chunk
+
+    state = lambda S: 8 * S * S
+    for n_sub, S in ((63, 222), (115, 335), (460, 335), (920, 335), (5000, 335), (7, 3), (1, 1000), (400, 40)):
+        c = auto_chunk(n_sub, S)
+        n = -(-n_sub // c)
+        budget = KEEP_BYTES // state(S)
+        if n_sub + 1 <= budget:
+            assert c == n_sub  # one chunk: every state kept
+            continue
+        fits = [k for k in range(2, n_sub + 1) if k + 2 * -(-n_sub // k) <= budget]
+        if fits:  # the fewest chunks that fit, found by brute force
+            assert n == min(fits) and n + 2 * c <= budget
+        else:  # nothing fits: square-root chunking
+            assert c == math.ceil(math.sqrt(n_sub))
+    assert auto_chunk(63, 222) == 63  # one-eighth, K = 3: 25 MB of states
+    assert 1 < -(-920 // auto_chunk(920, 335)) <= 2 * math.ceil(math.sqrt(920))
+    # the default in prepare: one chunk on a tiny run, chunks when the budget is small
+    data, truth = tiny("matern32", "shared", n_runs=1)
+    assert prepare(data, truth.spec).runs[0].tables.n_chunks == 1
+
+
 def test_events_are_zero_and_one_per_run():
     data, truth = tiny(n_runs=2)
     _, events = loglik(theta_of(truth.params), prepare(data, truth.spec))
@@ -219,12 +244,12 @@ def _runs_total(fn):
 @pytest.mark.parametrize(
     "kernel,pooling,missing,options",
     [
-        ("matern12", "shared", 0.2, {}),
+        ("matern12", "shared", 0.2, {"checkpoint_every": 2}),
         ("matern32", "shared", 0.2, {"checkpoint_every": 4, "block": 3}),
         ("matern52", "shared", 0.0, {"checkpoint_every": 0, "block": 3}),
         ("matern32", "individual", 0.2, {"checkpoint_every": 7, "block": 2}),
         ("matern52", "individual", 0.3, {}),
-        ("matern32", "shared", 0.2, {"response_embedding": "laguerre", "n_states": 4}),
+        ("matern32", "shared", 0.2, {"response_embedding": "laguerre", "n_states": 4, "checkpoint_every": 2}),
         ("matern12", "individual", 0.2, {"response_embedding": "rational", "n_states": 3, "checkpoint_every": 5,
                                          "block": 3}),
     ],
@@ -269,11 +294,32 @@ def test_host_reverse_pass_pipelined_equals_one_thread():
     T, Qb, Pinf = block_transition(theta, t)
     m0, P0 = initial_state(t, T, Qb, Pinf)
     args = [np.asarray(x) for x in (A, Ls, e, T, Qb, m0, P0)]
-    _, _, sm, sP = hf.forward(*args, keep_starts=True)
+    ll, bad, sm, sP = hf.forward(*args, keep_starts=True)
     one = hf.backward(*args[:5], sm, sP, 0.7, pipeline=False)
     two = hf.backward(*args[:5], sm, sP, 0.7, pipeline=True)
     for a, b in zip(one, two):
         np.testing.assert_array_equal(a, b)
+    # value and adjoints in one call (the last chunk kept from the forward pass, not recomputed): the same bits
+    unit = hf.backward(*args[:5], sm, sP, 1.0)
+    for pipeline in (False, True):
+        ll2, bad2, grads = hf.value_and_grad(*args, pipeline=pipeline)
+        assert (ll2, bad2) == (ll, bad)
+        for a, b in zip(unit, grads):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_host_gradient_is_scaled_by_the_cotangent():
+    # the host's forward rule returns the adjoints at cotangent 1 and the backward rule scales them
+    data, truth = tiny("matern32", "individual", missing=0.2, n_runs=1)
+    theta = theta_of(truth.params)
+    for options in ({}, {"checkpoint_every": 3, "block": 2}):
+        runs = [prepare(data, truth.spec, method=m, **options).runs[0] for m in ("native", "callback")]
+        (v0, pull0), (v1, pull1) = (jax.vjp(lambda th, r=r: run_loglik_adjoint(th, r)[0], theta) for r in runs)
+        assert abs(float(v1) - float(v0)) <= 1e-12 * abs(float(v0))
+        for ct in (0.7, -2.5):
+            for x, y in zip(jax.tree_util.tree_leaves(pull0(jnp.float64(ct))),
+                            jax.tree_util.tree_leaves(pull1(jnp.float64(ct)))):
+                np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-9, atol=1e-9)
 
 
 def test_gemm_acc_adds_the_product_in_place():

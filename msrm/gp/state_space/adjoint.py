@@ -24,8 +24,9 @@ filtered mean and covariance (``P̄`` kept symmetric), sub-step by sub-step in r
 
 Memory: the forward pass keeps the state ``(m, P)`` at the start of each checkpointed chunk; the backward pass
 recomputes one chunk at a time (keeping that chunk's per-sub-step states) and runs the adjoint over it, so
-residual memory grows with ``n_chunks + chunk`` (≈ 2 sqrt(sub-steps)) S x S matrices. With
-``checkpoint_every=0`` there is one chunk (every sub-step's state is kept). The result equals the autodiff
+residual memory grows with ``n_chunks + chunk`` S x S matrices (:func:`.prepare.auto_chunk` picks the chunks:
+one, keeping every state, when they fit its budget, and never more than about sqrt(sub-steps)). With
+``checkpoint_every=0`` there is always one chunk. The result equals the autodiff
 gradient of :func:`msrm.gp.state_space.filter.run_loglik_sequential` to rounding (tested).
 """
 from __future__ import annotations
@@ -215,7 +216,12 @@ def _make_core(t: RunTables):
 
 def _make_core_host(t: RunTables):
     """The same custom-VJP function, computed on the host by :class:`.host.HostFilter` through
-    ``jax.pure_callback`` (the initial state and its adjoint stay in JAX)."""
+    ``jax.pure_callback`` (the initial state and its adjoint stay in JAX).
+
+    The value alone is one callback. Under differentiation the forward rule makes one callback that returns the
+    value and the adjoints at cotangent 1 (:meth:`.host.HostFilter.value_and_grad`): the reverse pass is linear
+    in the cotangent, so the backward rule only scales them. The states the reverse pass reads are then still in
+    memory when it starts; nothing crosses into XLA as residuals but the adjoints themselves."""
     from .host import HostFilter, one_blas_thread
 
     from ... import runtime
@@ -229,14 +235,11 @@ def _make_core_host(t: RunTables):
             ll, bad = hf.forward(*(np.asarray(x) for x in (A, Ls, e, T, Qb, m0, P0)), keep_starts=False)
         return np.float64(ll), np.float64(bad)
 
-    def forward(A, Ls, e, T, Qb, m0, P0):
+    def value_and_grad(A, Ls, e, T, Qb, m0, P0):
         with one_blas_thread():
-            ll, bad, sm, sP = hf.forward(*(np.asarray(x) for x in (A, Ls, e, T, Qb, m0, P0)), keep_starts=True)
-        return np.float64(ll), np.float64(bad), sm, sP
-
-    def backward(A, Ls, e, T, Qb, sm, sP, gll):
-        with one_blas_thread():
-            return hf.backward(*(np.asarray(x) for x in (A, Ls, e, T, Qb, sm, sP)), float(gll), pipeline=pipeline)
+            ll, bad, grads = hf.value_and_grad(*(np.asarray(x) for x in (A, Ls, e, T, Qb, m0, P0)),
+                                               pipeline=pipeline)
+        return (np.float64(ll), np.float64(bad)) + tuple(grads)
 
     scalar = jax.ShapeDtypeStruct((), f64)
 
@@ -250,20 +253,18 @@ def _make_core_host(t: RunTables):
 
     def core_fwd(A, Ls, e, T, Qb, Pinf):
         m0, P0 = initial_state(t, T, Qb, Pinf)
-        shapes = (scalar, scalar, jax.ShapeDtypeStruct((t.n_chunks, S), f64),
-                  jax.ShapeDtypeStruct((t.n_chunks, S, S), f64))
-        ll, bad, sm, sP = call(forward, shapes, A, Ls, e, T, Qb, m0, P0)
-        return (ll, bad), (sm, sP, A, Ls, e, T, Qb, Pinf)
+        like = lambda x: jax.ShapeDtypeStruct(x.shape, f64)
+        shapes = (scalar, scalar, like(A), like(Ls), like(e), like(T), like(Qb), jax.ShapeDtypeStruct((S,), f64),
+                  jax.ShapeDtypeStruct((S, S), f64))
+        ll, bad, *grads = call(value_and_grad, shapes, A, Ls, e, T, Qb, m0, P0)
+        return (ll, bad), (grads, T, Qb, Pinf)
 
     def core_bwd(res, cts):
-        sm, sP, A, Ls, e, T, Qb, Pinf = res
-        like = lambda x: jax.ShapeDtypeStruct(x.shape, f64)
-        shapes = (like(A), like(Ls), like(e), like(T), like(Qb), jax.ShapeDtypeStruct((S,), f64),
-                  jax.ShapeDtypeStruct((S, S), f64))
-        Ab, Lsb, eb, Tb, Qbb, mb, Pb = call(backward, shapes, A, Ls, e, T, Qb, sm, sP, cts[0])
+        (Ab, Lsb, eb, Tb, Qbb, mb, Pb), T, Qb, Pinf = res
+        g = cts[0]
         _, init_vjp = jax.vjp(lambda T_, Q_, P_: initial_state(t, T_, Q_, P_), T, Qb, Pinf)
-        Tb0, Qb0, Pinfb = init_vjp((mb, Pb))
-        return Ab, Lsb, eb, Tb + Tb0, Qbb + Qb0, Pinfb
+        Tb0, Qb0, Pinfb = init_vjp((g * mb, g * Pb))
+        return g * Ab, g * Lsb, g * eb, g * Tb + Tb0, g * Qbb + Qb0, Pinfb
 
     core.defvjp(core_fwd, core_bwd)
     return core

@@ -15,7 +15,9 @@ through ``jax.pure_callback`` when the run was prepared with ``method="callback"
 least two cores); the XLA scan stays the path for accelerators and the reference it is tested against.
 
 Checkpointing is the same: the forward pass returns the state at the start of every chunk, and the reverse pass
-recomputes one chunk at a time (keeping that chunk's states) before running the adjoint over it. With
+recomputes one chunk at a time (keeping that chunk's states) before running the adjoint over it.
+:meth:`HostFilter.value_and_grad` runs both passes in one call, so the last chunk (with a single chunk, the whole
+run) is reversed from the states the forward pass kept instead of being recomputed. With
 ``pipeline=True`` (two or more CPUs, and sub-steps large enough: :data:`PIPELINE_MIN_WORK`) the recomputation of
 chunk c - 1 runs on a second thread while the adjoint walks back through chunk c; the adjoints are the same to
 the last bit.
@@ -209,8 +211,9 @@ class HostFilter:
             return A[i], Ls[i], e[i]
         return A[i][j], Ls[i][j], e[i].reshape(-1, self.K)[j].reshape(-1)
 
-    def _step(self, m, P, i, A, Ls, e, T, Qy, keep=None):
-        """One sub-step in place; returns (log Z, bad). ``keep`` (a dict) receives what the reverse pass reads."""
+    def _step(self, m, P, i, A, Ls, e, T, Qy, keep=None, value=None):
+        """One sub-step in place; returns (log Z, bad). ``keep`` (a dict) receives what the reverse pass reads;
+        ``value`` (default: without ``keep``) computes log Z and bad, else they are returned as 0."""
         K, S, Q = self.K, self.S, self.Q
         Ai, Li, ei = self._slots(i, A, Ls, e)
         R = Ai.shape[0] * K
@@ -224,7 +227,7 @@ class HostFilter:
         mu = (Ai @ m.reshape(Q, K)).reshape(R)
         Cm = _sym((Ai @ U.reshape(Q, K * R)).reshape(R, R))
         Lb = self._blockdiag(Li)
-        Giv, GiL, logZ, bad, Z = self._small(mu, Cm, Lb, ei, value=keep is None)
+        Giv, GiL, logZ, bad, Z = self._small(mu, Cm, Lb, ei, value=keep is None if value is None else value)
         if keep is not None:
             keep.update(m=m.copy(), P=P.copy(), R=R, A=Ai, e=ei, Z=Z, U=U, mu=mu, Cm=Cm, Lb=Lb, Giv=Giv, GiL=GiL)
         m += U @ Giv
@@ -253,22 +256,41 @@ class HostFilter:
         self._predict(m, P, b, T, Qy)
 
     # ------------------------------------------------------------------ passes
-    def forward(self, A, Ls, e, T, Qb, m0, P0, keep_starts: bool):
-        """(log Z sum, bad count[, chunk-start means (n_chunks, S), covariances (n_chunks, S, S)])."""
+    def forward(self, A, Ls, e, T, Qb, m0, P0, keep_starts: bool, keep_last: bool = False):
+        """(log Z sum, bad count[, chunk-start means (n_chunks, S), covariances (n_chunks, S, S)[, last]]).
+
+        ``keep_last`` (with ``keep_starts``): also return what the reverse pass reads for each sub-step of the
+        last chunk (as :meth:`_recompute` would), so that :meth:`backward` need not recompute that chunk."""
         t = self.t
         Qy = _qy(Qb, np)
         m, P = np.array(m0, dtype=np.float64), np.array(P0, dtype=np.float64, order="C")
-        ll, bad = 0.0, 0
+        ll, bad, last = 0.0, 0, []
         if keep_starts:
             sm, sP = np.empty((t.n_chunks, self.S)), np.empty((t.n_chunks, self.S, self.S))
         for c in range(t.n_chunks):
             if keep_starts:
                 sm[c], sP[c] = m, P
+            keep = keep_starts and keep_last and c == t.n_chunks - 1
             for i in range(c * t.chunk, (c + 1) * t.chunk):
-                lz, bd = self._step(m, P, i, A, Ls, e, T, Qy)
+                k = {} if keep else None
+                lz, bd = self._step(m, P, i, A, Ls, e, T, Qy, keep=k, value=True)
+                if keep:
+                    last.append(k)
                 ll += lz
                 bad += bd
-        return (ll, bad, sm, sP) if keep_starts else (ll, bad)
+        if not keep_starts:
+            return ll, bad
+        return (ll, bad, sm, sP, last) if keep_last else (ll, bad, sm, sP)
+
+    def value_and_grad(self, A, Ls, e, T, Qb, m0, P0, pipeline: bool = False):
+        """(log Z sum, bad count, adjoints of the log Z sum (Ā, Λ̄ blocks, η̄, T̄, Q̄_b, m̄0, P̄0)) in one call.
+
+        The log Z sum is a scalar and its reverse pass is linear in the cotangent, so the adjoints at cotangent 1
+        serve every cotangent, scaled. Computed here, straight after the forward pass, they need no recomputation
+        of the last chunk, and with a single chunk (every sub-step kept) none at all."""
+        ll, bad, sm, sP, last = self.forward(A, Ls, e, T, Qb, m0, P0, keep_starts=True, keep_last=True)
+        grads = self.backward(A, Ls, e, T, Qb, sm, sP, 1.0, pipeline=pipeline, last=last)
+        return ll, bad, grads
 
     def _recompute(self, c, A, Ls, e, T, Qy, sm, sP):
         """Chunk c's sub-steps again from its start state; what each one's reverse step reads, in order."""
@@ -281,13 +303,15 @@ class HostFilter:
             kept.append(k)
         return kept
 
-    def backward(self, A, Ls, e, T, Qb, sm, sP, gll, pipeline: bool = False):
+    def backward(self, A, Ls, e, T, Qb, sm, sP, gll, pipeline: bool = False, last=None):
         """Adjoints (Ā, Λ̄ blocks, η̄, T̄, Q̄_b, m̄0, P̄0) of the log Z sum, scaled by ``gll``.
 
         ``pipeline``: recompute chunk c - 1 on a second thread while the reverse pass runs over chunk c (two
         chunks' states are then held at once). BLAS and most NumPy loops release the GIL, so on two cores the
         recomputation mostly hides behind the reverse pass; Ā (which nothing later reads) is then also formed on
         that thread. The result is the same to the last bit.
+        ``last``: the last chunk's kept sub-steps from :meth:`forward` (``keep_last``), used instead of
+        recomputing that chunk.
         """
         t, S = self.t, self.S
         Qy = _qy(Qb, np)
@@ -295,13 +319,16 @@ class HostFilter:
         Tb, Qbb = np.zeros_like(T), np.zeros_like(Qb)
         mb, Pb = np.zeros(S), np.zeros((S, S))
         args = (A, Ls, e, T, Qy, sm, sP)
+        start = t.n_chunks - 1 if last is None else t.n_chunks - 2  # the last chunk to recompute
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msrm-recompute") if (
             pipeline and t.n_chunks > 1) else None
         weights = []
         try:
-            nxt = None if pool is None else pool.submit(self._recompute, t.n_chunks - 1, *args)
+            nxt = None if pool is None or start < 0 else pool.submit(self._recompute, start, *args)
             for c in reversed(range(t.n_chunks)):
-                if pool is None:
+                if c > start:
+                    kept = last
+                elif pool is None:
                     kept = self._recompute(c, *args)
                 else:
                     kept = nxt.result()

@@ -41,7 +41,14 @@ from .sde import n_states as sde_states
 TARGET_RANK = 48
 MAX_BLOCK = 32
 
-__all__ = ["TARGET_RANK", "auto_block", "GroupTable", "RunTables", "SSRun", "StateSpacePrepared", "prepare"]
+# The reverse pass reads each sub-step's state. By default (``checkpoint_every=None``) the scan is cut into as
+# few checkpointed chunks as let the covariances it holds at once (the chunk starts, plus two chunks' worth of
+# per-sub-step states while one chunk is recomputed beside the reverse pass over the next) fit in KEEP_BYTES; a
+# single chunk keeps every state and recomputes nothing. Where even the square-root chunking does not fit, it is
+# used anyway: memory then grows with sqrt(sub-steps).
+KEEP_BYTES = 64 * 2**20
+
+__all__ = ["TARGET_RANK", "KEEP_BYTES", "auto_block", "auto_chunk", "GroupTable", "RunTables", "SSRun", "StateSpacePrepared", "prepare"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,7 +186,7 @@ def _check_options(response_embedding, n_states, parallel, checkpoint_every) -> 
     if checkpoint_every is not None and (
         isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 0
     ):
-        raise ValueError(f"checkpoint_every must be None (about sqrt(steps)), 0 (off) or a positive integer, got {checkpoint_every!r}")
+        raise ValueError(f"checkpoint_every must be None (chosen per run), 0 (off) or a positive integer, got {checkpoint_every!r}")
 
 
 def _warn_blas_threads(method: str) -> None:
@@ -197,6 +204,22 @@ def _warn_blas_threads(method: str) -> None:
             "BLAS calls may then run multi-threaded inside JAX's callback thread, which was measured 10-20x slower "
             "on a 2-core machine; leave blas_threads unset (or pass method='native') for this backend",
             runtime.OversubscriptionWarning, stacklevel=3)
+
+
+def auto_chunk(n_sub: int, n_states: int, keep_bytes: int = KEEP_BYTES) -> int:
+    """Sub-steps per checkpointed chunk for ``n_sub`` sub-steps of an ``n_states``-dimensional state: ``n_sub``
+    (one chunk) when every state fits in ``keep_bytes``, else the fewest equal chunks whose starts plus two
+    chunks' states fit, else ceil(sqrt(n_sub))."""
+    budget = keep_bytes // (8 * n_states * n_states)
+    if n_sub + 1 <= budget:
+        return n_sub
+    for n in range(2, n_sub + 1):
+        c = -(-n_sub // n)
+        if n + 2 * c <= budget:
+            return c
+        if n >= 2 * c:  # past the minimum of n + 2 n_sub / n the sum only grows
+            break
+    return max(1, math.ceil(math.sqrt(n_sub)))
 
 
 def auto_block(n_nodes: int, n_grid: int, K: int) -> int:
@@ -271,8 +294,9 @@ def prepare(
         response_embedding: ``"exact"`` (delay line), ``"rational"`` or ``"laguerre"`` (approximate banks).
         n_states: bank states per factor (banks only).
         parallel: True for the associative (log-depth) scan.
-        checkpoint_every: sub-steps per checkpointed chunk of the sequential scan; None = ceil(sqrt(sub-steps)),
-            0 = no checkpointing.
+        checkpoint_every: sub-steps per checkpointed chunk of the sequential scan; None (default) chooses it
+            with :func:`auto_chunk` (as few chunks as fit :data:`KEEP_BYTES`, never more than about
+            sqrt(sub-steps)); 0 = no checkpointing (every state kept).
         block: grid steps per block of the sequential scan; None (default) chooses it per run with
             :func:`auto_block`. The value does not change the density.
         method: where the sequential scan runs: ``"callback"`` (NumPy and SciPy's BLAS on the host, called
@@ -317,10 +341,16 @@ def prepare(
         units = [e // C for e in ends]
         piles = [(min(w - 1, J - 1) // C, (J - 1) // C) for w in widths]
         n_ring = L if parallel else C * (-(-L // C) + 1)
-        checkpoint = not parallel and checkpoint_every != 0
         index, predict, locals_, chunk, n_chunks = _sub_steps(units, piles, n_units, None)
+        if parallel or checkpoint_every == 0:
+            every = None
+        elif checkpoint_every is None:
+            n_bank = int(n_states) if bank is not None else 0
+            every = auto_chunk(index.size, K * (d + n_ring + n_bank))
+        else:
+            every = int(checkpoint_every)
+        checkpoint = every is not None and every < index.size
         if checkpoint:
-            every = int(checkpoint_every) if checkpoint_every else max(1, math.ceil(math.sqrt(index.size)))
             index, predict, locals_, chunk, n_chunks = _sub_steps(units, piles, n_units, every)
         tables = []
         for g, mode, local, e in zip(lay.groups, modes, locals_, ends):
