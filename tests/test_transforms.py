@@ -64,6 +64,19 @@ def test_log_jacobian_matches_jacobian_determinant(setup):
         assert J[i, i] == pytest.approx(fd, rel=1e-7)
 
 
+def test_constrain_gradient_and_errors(setup):
+    # the vector is split once; its gradient (a concatenation) equals the reverse Jacobian built from jacfwd
+    data, truth, blocks = setup
+    u = jnp.asarray(np.random.default_rng(1).normal(size=blocks[-1].start + blocks[-1].size))
+    w = jnp.asarray(np.random.default_rng(2).normal(size=u.size))
+    f = lambda v: jnp.dot(w, _flat_theta(tf.constrain(v, blocks)[0], blocks)) + tf.constrain(v, blocks)[1]  # noqa
+    np.testing.assert_allclose(np.asarray(jax.grad(f)(u)), np.asarray(jax.jacfwd(f)(u)), rtol=1e-13, atol=1e-14)
+    with pytest.raises(ValueError, match=r"u must have shape"):
+        tf.constrain(u[:-1], blocks)
+    with pytest.raises(ValueError, match="tile"):
+        tf.constrain(u, blocks[1:])
+
+
 def test_bounded_transform_stays_inside_and_rejects_bounds(setup):
     data, truth, blocks = setup
     b = next(b for b in blocks if b.transform == "logit")
