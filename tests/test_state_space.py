@@ -108,22 +108,17 @@ def test_auto_chunk_keeps_what_fits():
 
     from msrm.gp.state_space.prepare import KEEP_BYTES, auto_chunk
 
-    state = lambda S: 8 * S * S
-    for n_sub, S in ((63, 222), (115, 335), (460, 335), (920, 335), (5000, 335), (7, 3), (1, 1000), (400, 40)):
+    for n_sub, S in ((63, 222), (115, 335), (460, 335), (5000, 335), (7, 3), (1, 1000), (400, 40)):
         c = auto_chunk(n_sub, S)
-        n = -(-n_sub // c)
-        budget = KEEP_BYTES // state(S)
-        if n_sub + 1 <= budget:
+        if (n_sub + 1) * 8 * S * S <= KEEP_BYTES:
             assert c == n_sub  # one chunk: every state kept
-            continue
-        fits = [k for k in range(2, n_sub + 1) if k + 2 * -(-n_sub // k) <= budget]
-        if fits:  # the fewest chunks that fit, found by brute force
-            assert n == min(fits) and n + 2 * c <= budget
-        else:  # nothing fits: square-root chunking
+        else:
             assert c == math.ceil(math.sqrt(n_sub))
     assert auto_chunk(63, 222) == 63  # one-eighth, K = 3: 25 MB of states
-    assert 1 < -(-920 // auto_chunk(920, 335)) <= 2 * math.ceil(math.sqrt(920))
-    # the default in prepare: one chunk on a tiny run, chunks when the budget is small
+    assert auto_chunk(115, 335) == 11  # x1, K = 5: 104 MB
+    assert auto_chunk(10, 100, keep_bytes=8 * 100 * 100 * 11) == 10
+    assert auto_chunk(10, 100, keep_bytes=8 * 100 * 100 * 11 - 1) == 4
+    # the default in prepare: one chunk on a tiny run
     data, truth = tiny("matern32", "shared", n_runs=1)
     assert prepare(data, truth.spec).runs[0].tables.n_chunks == 1
 

@@ -25,7 +25,7 @@ filtered mean and covariance (``P̄`` kept symmetric), sub-step by sub-step in r
 Memory: the forward pass keeps the state ``(m, P)`` at the start of each checkpointed chunk; the backward pass
 recomputes one chunk at a time (keeping that chunk's per-sub-step states) and runs the adjoint over it, so
 residual memory grows with ``n_chunks + chunk`` S x S matrices (:func:`.prepare.auto_chunk` picks the chunks:
-one, keeping every state, when they fit its budget, and never more than about sqrt(sub-steps)). With
+one, keeping every state, when they fit its budget, else about sqrt(sub-steps) of them). With
 ``checkpoint_every=0`` there is always one chunk. The result equals the autodiff
 gradient of :func:`msrm.gp.state_space.filter.run_loglik_sequential` to rounding (tested).
 """
