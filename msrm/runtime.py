@@ -27,6 +27,7 @@ __all__ = [
     "configure",
     "execution_info",
     "blas_threads",
+    "blas_limit",
     "physical_cores",
     "blas_info",
     "check_oversubscription",
@@ -163,6 +164,31 @@ def blas_threads() -> int:
     """Threads msrm gives BLAS/LAPACK calls: the configured value, else the physical core count."""
     n = _STATE["blas_threads"]
     return int(n) if n is not None else physical_cores()
+
+
+_BLAS_CONTROLLER: list = []
+
+
+def blas_limit(n: int):
+    """Context: BLAS/LAPACK on at most ``n`` threads while it is open, set from whichever thread calls it.
+
+    OpenBLAS built with pthreads has one process-wide thread count. threadpoolctl (3.7 and later) lets only one
+    thread change it, the first that set a limit, and silently ignores the others. After
+    :func:`configure` with ``blas_threads`` that thread is the main one for good, while JAX runs host callbacks
+    on threads of its own: a limit set there did nothing, and the state-space host filter then ran its small
+    products on several OpenBLAS threads (value+gradient 10 to 20 times slower on two cores). So control is
+    handed to the calling thread first; leaving the context restores the previous count.
+    """
+    import threadpoolctl
+
+    if not _BLAS_CONTROLLER:
+        from scipy.linalg import blas, lapack  # noqa: F401  (load SciPy's BLAS before listing the pools)
+
+        _BLAS_CONTROLLER.append(threadpoolctl.ThreadpoolController())
+    clear = getattr(getattr(threadpoolctl, "OpenBLASController", None), "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
+    return _BLAS_CONTROLLER[0].limit(limits=int(n), user_api="blas")
 
 
 @functools.lru_cache(maxsize=1)

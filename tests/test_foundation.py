@@ -1,4 +1,5 @@
 """Foundation: grid rule, canonical operators, node tables, Params round trip, synthetic study."""
+import json
 import math
 import subprocess
 import sys
@@ -277,6 +278,32 @@ def test_oversubscription_warning():
     with pytest.warns(msrm.runtime.OversubscriptionWarning, match="physical cores"):
         assert msrm.runtime.check_oversubscription(cores + 1)
     assert not msrm.runtime.check_oversubscription(cores)
+
+
+def test_blas_limit_holds_in_other_threads():
+    # configure(blas_threads=2) leaves the main thread holding a threadpoolctl limit for good; JAX runs host
+    # callbacks on other threads, where blas_limit must still set (and then restore) OpenBLAS's thread count
+    code = """
+import json, threading, threadpoolctl, msrm
+from scipy.linalg import blas
+def n():
+    return sorted({i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"})
+held = threadpoolctl.threadpool_limits(limits=2, user_api="blas")
+out = {"held": n()}
+def worker():
+    with msrm.runtime.blas_limit(1):
+        out["inside"] = n()
+    out["after"] = n()
+t = threading.Thread(target=worker)
+t.start()
+t.join()
+print(json.dumps(out))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                    check=True).stdout)
+    if out["held"] != [2]:
+        pytest.skip(f"OpenBLAS cannot run 2 threads here: {out}")
+    assert out["inside"] == [1] and out["after"] == [2], out
 
 
 def test_window_rule_constant():

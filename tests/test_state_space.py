@@ -371,20 +371,40 @@ def test_auto_method_is_native_with_one_cpu(monkeypatch):
     assert prepare(data, truth.spec, parallel=True).runs[0].tables.method == "native"
 
 
-def test_host_filter_warns_after_configured_blas_threads(monkeypatch):
-    import warnings
+def test_host_filter_runs_one_blas_thread_after_configured_blas_threads():
+    # configure(blas_threads=2) holds a process-wide limit from the main thread; inside JAX's callback thread the
+    # host filter must still get one BLAS thread (before runtime.blas_limit it kept two and ran 10-20x slower)
+    code = """
+import json, sys, threadpoolctl
+sys.path.insert(0, "tests")
+import msrm
+msrm.runtime.configure(platform="cpu", blas_threads=2)
+import data_synth
+from msrm.gp.state_space import host
+def n():
+    return sorted({i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"})
+seen = {"main": n()}
+inner = host.HostFilter.value_and_grad
+def spy(self, *a, **k):
+    seen["callback"] = n()
+    return inner(self, *a, **k)
+host.HostFilter.value_and_grad = spy
+data, truth = data_synth.synthetic_dataset("tiny", n_features=2, seed=0)
+model = msrm.GPMSRM(data, truth.spec, linear_algebra="state_space", method="callback")
+model.value_and_grad(model.unconstrain(truth.params))
+seen["after"] = n()
+print(json.dumps(seen))
+"""
+    import json
+    import subprocess
+    import sys
 
-    from msrm import runtime
-
-    data, truth = tiny(n_runs=1)
-    monkeypatch.setitem(runtime._STATE, "blas_threads", 2)
-    with pytest.warns(runtime.OversubscriptionWarning, match="leave blas_threads unset"):
-        prepare(data, truth.spec, method="callback")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        prepare(data, truth.spec, method="native")
-        monkeypatch.setitem(runtime._STATE, "blas_threads", None)
-        prepare(data, truth.spec, method="callback")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    if seen["main"] != [2]:
+        pytest.skip(f"OpenBLAS cannot run 2 threads here: {seen}")
+    assert seen["callback"] == [1] and seen["after"] == [2], seen
+    assert "OversubscriptionWarning" not in out.stderr
 
 
 def test_bank_gradient_matches_finite_differences():

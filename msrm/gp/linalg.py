@@ -146,20 +146,12 @@ def callback_thread_count() -> int:
     return _THREAD_OVERRIDE[-1] if _THREAD_OVERRIDE else runtime.blas_threads()
 
 
-@functools.lru_cache(maxsize=1)
-def _controller():
-    from scipy.linalg import blas, lapack  # noqa: F401  (load SciPy's BLAS before inspecting the pools)
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
-
-
 @contextlib.contextmanager
 def _blas_limit() -> Iterator[None]:
     n = callback_thread_count()
     if n > runtime.physical_cores():
         runtime.check_oversubscription(n, context="LAPACK callback")
-    with _controller().limit(limits=n, user_api="blas"):
+    with runtime.blas_limit(n):
         yield
 
 

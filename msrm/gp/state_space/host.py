@@ -36,8 +36,6 @@ from .prepare import RunTables
 
 __all__ = ["HostFilter", "one_blas_thread"]
 
-_CONTROLLER = []
-
 # S^2 x (mean update rank) from which the reverse pass recomputes on a second thread. On the 2-core development
 # machine the pipelined pass was 7% slower at one-eighth with K = 3 (S = 222, rank 45: 2.2e6) and 15-20% faster at
 # x8 with K = 5 (S = 335, rank 46: 5.2e6), both timed against the one-thread pass in one process.
@@ -45,14 +43,13 @@ PIPELINE_MIN_WORK = 4.0e6
 
 
 def one_blas_thread():
-    """Context: BLAS on one thread while the host filter runs. Its products are small (S x S x M K); with
-    OpenBLAS's own worker threads waking beside XLA's thread pool the same pass was measured an order of
-    magnitude slower on a two-core machine."""
-    from threadpoolctl import ThreadpoolController
+    """Context: BLAS on one thread while the host filter runs (:func:`msrm.runtime.blas_limit`, which also works
+    from JAX's callback threads). Its products are small (S x S x M K); with OpenBLAS's own worker threads
+    waking beside XLA's thread pool the same pass was measured an order of magnitude slower on a two-core
+    machine."""
+    from ... import runtime
 
-    if not _CONTROLLER:
-        _CONTROLLER.append(ThreadpoolController())
-    return _CONTROLLER[0].limit(limits=1, user_api="blas")
+    return runtime.blas_limit(1)
 
 
 def _sym(X):

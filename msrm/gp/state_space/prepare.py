@@ -189,23 +189,6 @@ def _check_options(response_embedding, n_states, parallel, checkpoint_every) -> 
         raise ValueError(f"checkpoint_every must be None (chosen per run), 0 (off) or a positive integer, got {checkpoint_every!r}")
 
 
-def _warn_blas_threads(method: str) -> None:
-    """The host filter's BLAS calls are meant to run on one thread each (:func:`.host.one_blas_thread`). After an
-    explicit ``msrm.runtime.configure(blas_threads=n > 1)`` the limit did not hold inside JAX's callback thread
-    on the development machine (OpenBLAS kept n threads there) and value+gradient ran 10 to 20 times slower."""
-    from ... import runtime
-
-    n = runtime._STATE.get("blas_threads")
-    if method == "callback" and n is not None and n > 1:
-        import warnings
-
-        warnings.warn(
-            f"state_space with method='callback' after msrm.runtime.configure(blas_threads={n}): the host filter's "
-            "BLAS calls may then run multi-threaded inside JAX's callback thread, which was measured 10-20x slower "
-            "on a 2-core machine; leave blas_threads unset (or pass method='native') for this backend",
-            runtime.OversubscriptionWarning, stacklevel=3)
-
-
 def auto_chunk(n_sub: int, n_states: int, keep_bytes: int = KEEP_BYTES) -> int:
     """Sub-steps per checkpointed chunk for ``n_sub`` sub-steps of an ``n_states``-dimensional state: ``n_sub``
     (one chunk: every state kept, nothing recomputed) when all the covariances fit in ``keep_bytes``, else
@@ -305,7 +288,6 @@ def prepare(
     from ..linalg import _resolve
 
     method = "native" if parallel else _resolve(method)
-    _warn_blas_threads(method)
     if block is not None and (isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1):
         raise ValueError(f"block must be a positive integer, got {block!r}")
     groups = response_groups(data, spec)
