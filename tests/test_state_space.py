@@ -401,9 +401,9 @@ print(json.dumps(seen))
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    if seen["main"] != [2]:
+    if 2 not in seen["main"]:
         pytest.skip(f"OpenBLAS cannot run 2 threads here: {seen}")
-    assert seen["callback"] == [1] and seen["after"] == [2], seen
+    assert seen["callback"] == [1] and seen["after"] == seen["main"], seen
     assert "OversubscriptionWarning" not in out.stderr
 
 
