@@ -45,10 +45,12 @@ MAX_BLOCK = 32
 # nothing recomputed, when all the covariances fit in KEEP_BYTES; otherwise the scan is cut into about
 # sqrt(sub-steps) checkpointed chunks, so memory grows with the square root of the length. Chunks longer than
 # that, where memory would allow them, were measured slower at x1-x4 with K = 5 (29-31 sub-steps per chunk against
-# 11-21: the chunk's kept states no longer stay in the cache while the reverse pass walks back through them).
+# 11-21; most likely because a long chunk's kept states no longer stay in the cache while the reverse pass walks
+# back through them, which was not measured directly).
 KEEP_BYTES = 64 * 2**20
 
-__all__ = ["TARGET_RANK", "KEEP_BYTES", "auto_block", "auto_chunk", "GroupTable", "RunTables", "SSRun", "StateSpacePrepared", "prepare"]
+__all__ = ["TARGET_RANK", "KEEP_BYTES", "auto_block", "auto_chunk", "GroupTable", "RunTables", "SSRun",
+           "StateSpacePrepared", "prepare"]
 
 
 @dataclass(frozen=True, eq=False)
