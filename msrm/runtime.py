@@ -166,7 +166,12 @@ def blas_threads() -> int:
     return int(n) if n is not None else physical_cores()
 
 
-_BLAS_CONTROLLER: list = []
+@functools.lru_cache(maxsize=1)
+def _blas_controller():
+    import threadpoolctl
+    from scipy.linalg import blas, lapack  # noqa: F401  (load SciPy's BLAS before listing the pools)
+
+    return threadpoolctl.ThreadpoolController()
 
 
 def blas_limit(n: int):
@@ -181,14 +186,11 @@ def blas_limit(n: int):
     """
     import threadpoolctl
 
-    if not _BLAS_CONTROLLER:
-        from scipy.linalg import blas, lapack  # noqa: F401  (load SciPy's BLAS before listing the pools)
-
-        _BLAS_CONTROLLER.append(threadpoolctl.ThreadpoolController())
+    controller = _blas_controller()
     clear = getattr(getattr(threadpoolctl, "OpenBLASController", None), "clear_controlling_thread", None)
     if clear is not None:
         clear(force=True)
-    return _BLAS_CONTROLLER[0].limit(limits=int(n), user_api="blas")
+    return controller.limit(limits=int(n), user_api="blas")
 
 
 @functools.lru_cache(maxsize=1)

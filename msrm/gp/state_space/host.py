@@ -213,10 +213,10 @@ class HostFilter:
             return A[i], Ls[i], e[i]
         return A[i][j], Ls[i][j], e[i].reshape(-1, self.K)[j].reshape(-1)
 
-    def _step(self, m, P, i, A, Ls, e, T, Qy, keep=None, value=None, buf=None):
+    def _step(self, m, P, i, A, Ls, e, T, Qy, keep=None, value=True, buf=None):
         """One sub-step in place; returns (log Z, bad). ``keep`` (a dict) receives what the reverse pass reads
-        (the covariance copied into ``buf`` when given); ``value`` (default: without ``keep``) computes log Z and
-        bad, else they are returned as 0."""
+        (the covariance copied into ``buf`` when given); with ``value=False`` log Z and bad are not computed and
+        are returned as 0."""
         K, S, Q = self.K, self.S, self.Q
         Ai, Li, ei = self._slots(i, A, Ls, e)
         R = Ai.shape[0] * K
@@ -231,7 +231,7 @@ class HostFilter:
         mu = (Ai @ m.reshape(Q, K)).reshape(R)
         Cm = _sym((Ai @ U.reshape(Q, K * R)).reshape(R, R))
         Lb = self._blockdiag(Li)
-        Giv, GiL, logZ, bad, Z = self._small(mu, Cm, Lb, ei, value=keep is None if value is None else value)
+        Giv, GiL, logZ, bad, Z = self._small(mu, Cm, Lb, ei, value=value)
         if keep is not None:
             keep.update(m=m.copy(), P=Pk, R=R, A=Ai, e=ei, Z=Z, U=U, mu=mu, Cm=Cm, Lb=Lb, Giv=Giv, GiL=GiL)
         m += U @ Giv
@@ -277,7 +277,7 @@ class HostFilter:
             keep = keep_starts and keep_last and c == t.n_chunks - 1
             for i in range(c * t.chunk, (c + 1) * t.chunk):
                 k = {} if keep else None
-                lz, bd = self._step(m, P, i, A, Ls, e, T, Qy, keep=k, value=True)
+                lz, bd = self._step(m, P, i, A, Ls, e, T, Qy, keep=k)
                 if keep:
                     last.append(k)
                 ll += lz
@@ -304,7 +304,7 @@ class HostFilter:
         kept = []
         for j, i in enumerate(range(c * t.chunk, (c + 1) * t.chunk)):
             k = {}
-            self._step(m, P, i, A, Ls, e, T, Qy, keep=k, buf=None if bufs is None else bufs[j])
+            self._step(m, P, i, A, Ls, e, T, Qy, keep=k, value=False, buf=None if bufs is None else bufs[j])
             kept.append(k)
         return kept
 
