@@ -39,13 +39,13 @@ chromium:
 	else echo "warning: $(CHROMIUM) is missing and apt is not usable here; the browser check will be skipped"; fi
 
 notebooks: install
-	$(PY) -m msrm.notebooks run --profile quick --device $(DEVICE)
+	$(PY) -m msrm_lab.notebooks run --profile quick --device $(DEVICE)
 
 html: install
 	$(VENV)/bin/jupyter-book build --all -W -n --keep-going .
 
 check-book: chromium
-	@if [ -x "$(CHROMIUM)" ]; then $(PY) -m msrm.notebooks check-book $(HTML) --chromium $(CHROMIUM); \
+	@if [ -x "$(CHROMIUM)" ]; then $(PY) -m msrm_lab.notebooks check-book $(HTML) --chromium $(CHROMIUM); \
 	else echo "skipping the browser check: no chromium at $(CHROMIUM)"; fi
 
 # A failing notebook is recorded (results/.../<notebook>.failed/) and the book is still built and checked;
@@ -65,7 +65,7 @@ test-slow: install chromium
 	$(PY) -m pytest -q -m slow
 
 notes: install
-	$(PY) -m msrm.notebooks run --profile note --device $(DEVICE)
+	$(PY) -m msrm_lab.notebooks run --profile note --device $(DEVICE)
 
 clean:
 	rm -rf _build

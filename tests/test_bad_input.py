@@ -1,7 +1,7 @@
 """The bad-input catalogue: each case raises its documented error, naming the stream/key and the problem."""
 import pytest
 
-from msrm.reliability import all_cases, run_catalogue
+from msrm_lab.reliability import all_cases, run_catalogue
 
 CASES = all_cases()
 

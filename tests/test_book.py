@@ -1,4 +1,4 @@
-"""msrm.book (results loading and device tables) and the built book checked in headless Chromium."""
+"""msrm_lab.book (results loading and device tables) and the built book checked in headless Chromium."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import msrm.book as mb
-from msrm.bench.rows import make_row, write_rows
-from msrm.notebooks import run_notebook
+import msrm_lab.book as mb
+from msrm_lab.bench.rows import make_row, write_rows
+from msrm_lab.notebooks import run_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -129,7 +129,7 @@ def test_figures_and_formatting(results, tmp_path):
 
 @needs_chromium
 def test_book_check_catches_broken_pages(tmp_path):
-    from msrm.notebooks.check_book import check_book
+    from msrm_lab.notebooks.check_book import check_book
 
     html = tmp_path / "html"
     html.mkdir()
@@ -178,7 +178,7 @@ def test_book_builds_with_every_chapter(built_book):
 
 @needs_chromium
 def test_built_book_in_headless_chromium(built_book):
-    from msrm.notebooks.check_book import check_book
+    from msrm_lab.notebooks.check_book import check_book
 
     html, roots = built_book
     report = check_book(html, results=roots, chromium=CHROMIUM)

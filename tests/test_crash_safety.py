@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from msrm import _atomic
-from msrm.bench.rows import make_row, read_rows, write_rows
-from msrm.reliability.crash import kill_during_writes
+from msrm import atomic
+from msrm_lab.bench.rows import make_row, read_rows, write_rows
+from msrm_lab.reliability.crash import kill_during_writes
 
 
 def _kill_mid_write(kind: str, path: Path, tmp_path: Path, delay: float) -> None:
@@ -18,9 +18,9 @@ def _kill_mid_write(kind: str, path: Path, tmp_path: Path, delay: float) -> None
 @pytest.mark.parametrize("delay", [0.3, 0.75, 1.3])
 def test_npz_archive_survives_sigkill(tmp_path, delay):
     path = tmp_path / "fit.npz"
-    _atomic.write_npz(path, {"x": np.arange(3.0), "i": np.array(0)})
+    atomic.write_npz(path, {"x": np.arange(3.0), "i": np.array(0)})
     _kill_mid_write("npz", path, tmp_path, delay)
-    arrays = _atomic.read_npz(path)  # must load: either the old file or a complete newer one
+    arrays = atomic.read_npz(path)  # must load: either the old file or a complete newer one
     assert set(arrays) == {"x", "i"}
     if int(arrays["i"]) > 0:
         assert arrays["x"].size == 4_000_000
@@ -44,21 +44,21 @@ def test_results_rows_survive_sigkill(tmp_path, delay):
 
 def test_json_archive_survives_sigkill(tmp_path):
     path = tmp_path / "meta.json"
-    _atomic.write_json(path, {"i": 0})
+    atomic.write_json(path, {"i": 0})
     _kill_mid_write("json", path, tmp_path, 0.4)
     assert "i" in json.loads(path.read_text())
 
 
 def test_failed_write_keeps_old_file(tmp_path):
     path = tmp_path / "a.json"
-    _atomic.write_json(path, {"v": 1})
+    atomic.write_json(path, {"v": 1})
     with pytest.raises(TypeError):
-        _atomic.write_json(path, {"v": object()})
+        atomic.write_json(path, {"v": object()})
     assert json.loads(path.read_text()) == {"v": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
 
 
 def test_archives_refuse_object_arrays(tmp_path):
     with pytest.raises(ValueError, match="pickle"):
-        _atomic.write_npz(tmp_path / "x.npz", {"bad": np.array([{"a": 1}], dtype=object)})
+        atomic.write_npz(tmp_path / "x.npz", {"bad": np.array([{"a": 1}], dtype=object)})
     assert not (tmp_path / "x.npz").exists()

@@ -1,7 +1,7 @@
 """Numerical fault injection: every fault is recovered (and recorded) or refused with a clear error."""
 import pytest
 
-from msrm.reliability.faults import FAULTS, run_faults
+from msrm_lab.reliability.faults import FAULTS, run_faults
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f"{a}:{n}" for a, n, _ in FAULTS])

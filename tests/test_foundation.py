@@ -200,12 +200,12 @@ def test_dense_table_gives_every_sample_a_node():
 
 # ---------------------------------------------------------------- params
 def test_params_round_trip_and_validate(tmp_path):
-    from msrm import _atomic
+    from msrm import atomic
 
     data, truth = data_synth.synthetic_dataset("tiny", n_features=3, pooling="individual")
     p = truth.params.validate(data, truth.spec)
-    _atomic.write_npz(tmp_path / "p.npz", p.flatten())
-    q = msrm.Params.unflatten(_atomic.read_npz(tmp_path / "p.npz")).validate(data, truth.spec)
+    atomic.write_npz(tmp_path / "p.npz", p.flatten())
+    q = msrm.Params.unflatten(atomic.read_npz(tmp_path / "p.npz")).validate(data, truth.spec)
     assert q.allclose(p, rtol=0)
     assert q.response == p.response
     with pytest.raises(ValueError):

@@ -258,8 +258,8 @@ def test_bad_input_raises_before_numerics():
 
 def test_benchmark_rows_are_well_formed():
     """The linalg and threads benchmarks run at a toy size and return complete rows (no timing asserted)."""
-    from msrm.bench import linalg as bench_linalg
-    from msrm.bench import threads as bench_threads
+    from msrm_lab.bench import linalg as bench_linalg
+    from msrm_lab.bench import threads as bench_threads
 
     rows = bench_linalg.raw_linalg_rows([48], repeats=1, profile="smoke")
     assert {(r["experiment"], r["metric"]) for r in rows} == {

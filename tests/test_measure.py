@@ -1,7 +1,7 @@
 """The measurement helpers measure what they claim (no timing assertions, only memory accounting)."""
 import numpy as np
 
-from msrm.bench.measure import PeakMemory, warm_median
+from msrm_lab.bench.measure import PeakMemory, warm_median
 
 
 def test_peak_memory_sees_a_large_temporary():

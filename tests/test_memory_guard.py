@@ -102,7 +102,7 @@ def test_prediction_covers_measured_peak_of_callback_value_and_grad():
     import msrm.runtime
 
     msrm.runtime.enable_x64()
-    from msrm.bench.linalg import memory_prediction_rows
+    from msrm_lab.bench.linalg import memory_prediction_rows
 
     (row,) = memory_prediction_rows(2048, methods=("callback",))
     if row["status"] != "measured":

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from msrm.notebooks import notebook_stem, run_notebook
+from msrm_lab.notebooks import notebook_stem, run_notebook
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

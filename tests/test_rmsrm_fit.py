@@ -155,17 +155,17 @@ def test_archive_round_trip(tmp_path):
     with np.load(path, allow_pickle=False) as f:
         assert all(f[k].dtype != object for k in f.files)
     # a damaged archive is refused with a named problem
-    from msrm import _atomic
+    from msrm import atomic
 
-    arrays = _atomic.read_npz(path)
+    arrays = atomic.read_npz(path)
     arrays["latents/1"] = arrays["latents/1"][:, :2]
-    _atomic.write_npz(tmp_path / "bad.npz", arrays)
+    atomic.write_npz(tmp_path / "bad.npz", arrays)
     with pytest.raises(ValueError, match="latents/1"):
         load_rfit(tmp_path / "bad.npz")
     meta = json.loads(str(arrays["meta"]))
     meta["format"] = "something else"
     arrays["meta"] = np.array(json.dumps(meta))
-    _atomic.write_npz(tmp_path / "bad2.npz", arrays)
+    atomic.write_npz(tmp_path / "bad2.npz", arrays)
     with pytest.raises(ValueError, match="format"):
         load_rfit(tmp_path / "bad2.npz")
     with pytest.raises(ValueError, match="no archive"):

@@ -8,9 +8,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from msrm.notebooks import __main__ as cli
-from msrm.notebooks import cpu_label, cuda_label, device_label, discover, notebook_stem, resolve_device, run_notebook
-from msrm.notebooks.runner import run_notebooks
+from msrm_lab.notebooks import __main__ as cli
+from msrm_lab.notebooks import cpu_label, cuda_label, device_label, discover, notebook_stem, resolve_device, run_notebook
+from msrm_lab.notebooks.runner import run_notebooks
 
 LABEL = "cpu-test-1c"
 

@@ -71,14 +71,14 @@ def _dry_run(target: str) -> str:
 
 def test_makefile_targets():
     book = _dry_run("book")
-    assert "msrm.notebooks run --profile quick" in book and "jupyter-book build" in book
+    assert "msrm_lab.notebooks run --profile quick" in book and "jupyter-book build" in book
     rules = (ROOT / "Makefile").read_text()
     for target in ("book", "test", "test-slow", "notes", "install", "chromium"):
         assert re.search(rf"^{re.escape(target)}:", rules, re.M), f"Makefile lacks target {target}"
-    assert "-m msrm.notebooks run --profile quick" in rules
+    assert "-m msrm_lab.notebooks run --profile quick" in rules
     assert "jupyter-book build --all -W -n --keep-going ." in rules
-    assert "-m msrm.notebooks run --profile note" in rules
-    assert "-m msrm.notebooks check-book" in rules
+    assert "-m msrm_lab.notebooks run --profile note" in rules
+    assert "-m msrm_lab.notebooks check-book" in rules
     assert "venv" in rules and "pyproject.toml" in rules, "install must be keyed on pyproject.toml"
     test = _dry_run("test")
     assert re.search(r"-m pytest -q -m \"?not slow\"?", test), test

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import _atomic
+from .. import atomic
 
 __all__ = ["safe_name", "physical_draws", "observed_summary", "build_inference_data", "save_netcdf", "load_netcdf",
            "json_attrs"]
@@ -117,7 +117,7 @@ def json_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in attrs.items():
         if isinstance(v, (dict, list, tuple)) or v is None:
-            out[k] = json.dumps(v, default=_atomic._json_default, allow_nan=True, sort_keys=True)
+            out[k] = json.dumps(v, default=atomic._json_default, allow_nan=True, sort_keys=True)
         elif isinstance(v, (bool, np.bool_)):
             out[k] = int(v)
         else:
@@ -183,7 +183,7 @@ def build_inference_data(
 def save_netcdf(idata, path: str | Path) -> Path:
     """Write ``idata`` to NetCDF (h5netcdf) atomically: a temporary file in the same folder, then rename."""
     path = Path(path)
-    with _atomic.atomic_path(path, suffix=".nc") as tmp:
+    with atomic.atomic_path(path, suffix=".nc") as tmp:
         idata.to_netcdf(str(tmp), engine="h5netcdf")
     return path
 

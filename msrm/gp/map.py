@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _atomic
+from .. import atomic
 
 __all__ = ["fit_map", "MAPResult", "load_map"]
 
@@ -58,7 +58,7 @@ class MAPResult:
         for name, value in self.params.flatten().items():
             arrays[f"params/{name}"] = np.asarray(value)
         npz = stem.with_suffix(".npz")
-        _atomic.write_npz(npz, arrays)
+        atomic.write_npz(npz, arrays)
         meta = {
             "format": "msrm.map/1",
             "log_density": float(self.log_density),
@@ -69,7 +69,7 @@ class MAPResult:
             "npz_sha256": _sha256(npz),
         }
         out = stem.with_suffix(".json")
-        _atomic.write_json(out, meta)
+        atomic.write_json(out, meta)
         return out
 
 
@@ -99,7 +99,7 @@ def load_map(path: str | Path, params_cls: type | None = None) -> MAPResult:
     npz = meta_path.with_name(meta["npz"])
     if _sha256(npz) != meta["npz_sha256"]:
         raise ValueError(f"{npz}: checksum does not match {meta_path.name}; the archive is inconsistent")
-    arrays = _atomic.read_npz(npz)
+    arrays = atomic.read_npz(npz)
     if params_cls is None:
         from ..params import Params as params_cls
     flat = {k[len("params/"):]: v for k, v in arrays.items() if k.startswith("params/")}

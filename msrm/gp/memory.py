@@ -11,7 +11,7 @@ A guarded factorization of dimension ``n`` with ``r`` right-hand sides holds, at
 
 so ``predict_peak_bytes(n, r) = 8 * (6 n^2 + 3 n r) + extra``. ``extra`` is for what the caller keeps alive
 beside it (covariance assembly, sufficient statistics). The count is checked against a measured peak in
-``msrm.bench.linalg`` (row ``experiment="memory_prediction"``): at n = 2727 on CPU one value+gradient raised
+``msrm_lab.bench.linalg`` (row ``experiment="memory_prediction"``): at n = 2727 on CPU one value+gradient raised
 the resident peak by about 4.1 (callback) and 4.2 to 5.3 (native) matrices above the resident input.
 
 Free memory is ``MemAvailable`` from ``/proc/meminfo`` on the CPU (psutil elsewhere) and ``bytes_limit -

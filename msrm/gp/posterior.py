@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .. import _atomic
+from .. import atomic
 
 __all__ = ["sample", "Posterior", "save_checkpoint", "load_checkpoint", "device_identity", "DeviceMismatchError"]
 
@@ -121,7 +121,7 @@ def save_checkpoint(path: str | Path, state, settings: dict) -> Path:
     npz, meta_path = _ckpt_paths(path)
     leaves, _ = jax.tree_util.tree_flatten_with_path(state)
     arrays = {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves}
-    _atomic.write_npz(npz, arrays)
+    atomic.write_npz(npz, arrays)
     from ..runtime import execution_info
 
     meta = {
@@ -133,7 +133,7 @@ def save_checkpoint(path: str | Path, state, settings: dict) -> Path:
         "npz": npz.name,
         "npz_sha256": hashlib.sha256(npz.read_bytes()).hexdigest(),
     }
-    _atomic.write_json(meta_path, meta)
+    atomic.write_json(meta_path, meta)
     return meta_path
 
 
@@ -148,7 +148,7 @@ def load_checkpoint(path: str | Path, template) -> tuple[Any, dict]:
         raise ValueError(f"checkpoint {meta_path}: not an msrm NUTS warm-up checkpoint")
     if hashlib.sha256(npz.read_bytes()).hexdigest() != meta["npz_sha256"]:
         raise ValueError(f"checkpoint {npz}: checksum does not match {meta_path.name}")
-    arrays = _atomic.read_npz(npz)
+    arrays = atomic.read_npz(npz)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(template)
     new = []
     for keypath, tmpl in leaves:

@@ -1,4 +1,4 @@
-"""R-MSRM fit archives: one ``.npz`` written atomically (msrm._atomic), read without pickle.
+"""R-MSRM fit archives: one ``.npz`` written atomically (msrm.atomic), read without pickle.
 
 Entries: ``latents/<r>`` (J, K) per run; ``params/<name>`` from ``Params.flatten``; ``objective_history``;
 ``step_objectives``; ``restarts``; ``timings/<phase>``; and ``meta``, a JSON text (format, spec via
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _atomic
+from .. import atomic
 from ..params import Params
 from ..spec import ModelSpec
 
@@ -47,8 +47,8 @@ def save_rfit(fit, path) -> None:
         "restart_seeds": list(fit.restart_seeds),
         "diagnostics": list(fit.diagnostics),
     }
-    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True, default=_atomic._json_default))
-    _atomic.write_npz(path, arrays)
+    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True, default=atomic._json_default))
+    atomic.write_npz(path, arrays)
 
 
 def load_rfit(path):
@@ -59,7 +59,7 @@ def load_rfit(path):
     if not path.is_file():
         raise ValueError(f"load_rfit: no archive at {str(path)!r}")
     try:
-        arrays = _atomic.read_npz(path)
+        arrays = atomic.read_npz(path)
     except Exception as err:  # noqa: BLE001 - any unreadable file is a bad archive
         raise ValueError(f"load_rfit: {str(path)!r} is not a readable .npz archive ({err})") from None
     if "meta" not in arrays:

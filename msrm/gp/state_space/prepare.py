@@ -36,7 +36,7 @@ from .sde import n_states as sde_states
 # covariance update of rank (their count x K) per block. A sub-step has a fixed cost (tens of small operations,
 # one small LU, the prediction's row and column writes) beside its S^2 x rank products, and a longer block also
 # lengthens the ring (S grows by K per extra step). By default C is chosen per run so that a block's update has
-# about TARGET_RANK columns on average; ``msrm.bench.state_space.block_rows`` measures value+gradient against C
+# about TARGET_RANK columns on average; ``msrm_lab.bench.state_space.block_rows`` measures value+gradient against C
 # (the state-space chapter's block table).
 TARGET_RANK = 48
 MAX_BLOCK = 32

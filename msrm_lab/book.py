@@ -1,6 +1,6 @@
 """Load measured results and render them for the book's chapters.
 
-Results live in ``results/<device>/<profile>/<notebook>/rows.jsonl`` (rows from :func:`msrm.bench.rows.make_row`),
+Results live in ``results/<device>/<profile>/<notebook>/rows.jsonl`` (rows from :func:`msrm_lab.bench.rows.make_row`),
 with PNG figures beside them. Chapters call:
 
     df = load_results()                                   # every row of every device and profile
@@ -23,13 +23,14 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
+from .paths import repo_root
+
 __all__ = [
-    "ROOT", "REFERENCE_LABEL", "NOT_MEASURED", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
+    "REFERENCE_LABEL", "NOT_MEASURED", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
     "device_summary", "reference_rows", "figure_paths", "fmt", "show_table", "figure_markdown", "show_figures",
     "devices_in", "param_columns", "render_notebook", "pick", "run_statuses", "profile_sittings",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
 REFERENCE_LABEL = "note, 2026-09-21"
 NOT_MEASURED = "not yet measured"
 # Preferred profile when a device has several: the note's scale first, then full recordings, then quick.
@@ -44,7 +45,7 @@ def results_roots(root: str | Path | Sequence[str | Path] | None = None) -> list
     """The results folders to read (see the module docstring for the order of precedence)."""
     if root is None:
         env = os.environ.get("MSRM_RESULTS")
-        roots: Iterable = env.split(os.pathsep) if env else [ROOT / "results"]
+        roots: Iterable = env.split(os.pathsep) if env else [repo_root() / "results"]
     elif isinstance(root, (str, Path)):
         roots = [root]
     else:
@@ -213,7 +214,7 @@ def reference_rows(section: str | None = None, path: str | Path | None = None) -
     Columns: ``source`` ("note, 2026-09-21"), section, metric, device, value (as published, may be a range or
     "~1"), unit, context. Raises KeyError for a section the file does not have.
     """
-    path = ROOT / "note" / "reference_figures.csv" if path is None else Path(path)
+    path = repo_root() / "note" / "reference_figures.csv" if path is None else Path(path)
     ref = pd.read_csv(path, dtype=str, keep_default_na=False)
     if section is not None:
         if section not in set(ref["section"]):
@@ -383,7 +384,7 @@ def profile_sittings(runs: pd.DataFrame, expected: int | None = None) -> pd.Data
     excluded). ``complete`` is True when every expected notebook has an ok run; ``expected`` defaults to the
     number of notebooks in ``notebooks/``."""
     if expected is None:
-        expected = len(list((ROOT / "notebooks").glob("*.ipynb")))
+        expected = len(list((repo_root() / "notebooks").glob("*.ipynb")))
     ok = runs[runs["status"] == "ok"]
     out = []
     for (device, profile), g in ok.groupby(["device", "profile"], sort=True):

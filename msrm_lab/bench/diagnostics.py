@@ -65,8 +65,8 @@ def _arviz_summary(x: np.ndarray):
 
 def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: int = 0) -> list[dict]:
     """Rows of experiment ``diagnostics`` for every case of the profile."""
-    from .. import diagnostics as diag
-    from ..runtime import blas_threads, execution_info
+    from msrm import diagnostics as diag
+    from msrm.runtime import blas_threads, execution_info
 
     if profile not in SIZES:
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")

@@ -50,7 +50,7 @@ PHASES = ("initialisation", "compilation", "warmup", "sampling", "draw_conversio
 def _model(cfg: dict, linear_algebra: str, method: str):
     import data_synth
 
-    from ..gp.model import GPMSRM
+    from msrm.gp.model import GPMSRM
 
     data, truth = data_synth.synthetic_dataset(profile=cfg["profile"], n_features=cfg["n_features"],
                                                n_runs=cfg["n_runs"], n_factors=cfg["n_factors"], seed=0,
@@ -75,7 +75,7 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
             ``None`` takes the profile's choice (``"native"`` for smoke/quick, ``"auto"`` otherwise). The other
             path's ``value_and_grad`` is timed beside it.
     """
-    from ..runtime import execution_info
+    from msrm.runtime import execution_info
 
     if profile not in SIZES:
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
@@ -91,7 +91,7 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
         model = _model(cfg, linear_algebra, method)
     except (ImportError, NotImplementedError) as exc:
         return _not_yet(info, f"GPMSRM unavailable: {exc}", **common)
-    from ..gp.posterior import sample
+    from msrm.gp.posterior import sample
 
     rows: list[dict] = []
     common["num_params"] = model.num_params

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import execution_info, physical_cores
+from msrm.runtime import execution_info, physical_cores
 from .measure import PeakMemory, side_by_side, warm_median
 from .rows import make_row, write_rows
 
@@ -70,7 +70,7 @@ def build_case(cfg: dict, n_factors: int, n_features: int | None = None, seed: i
 
 def _build_case(cfg: dict, n_factors: int, n_features: int | None, seed: int):
     import data_synth
-    from ..gp.model import GPMSRM
+    from msrm.gp.model import GPMSRM
 
     data, truth = data_synth.synthetic_dataset(cfg["profile"], n_features=n_features or cfg["n_features"],
                                                duration_scale=cfg["duration_scale"], n_factors=n_factors, seed=seed)
@@ -87,7 +87,7 @@ def floor_function(n: int, seed: int = 0) -> tuple[Any, str]:
     """
     import jax
 
-    from .. import runtime
+    from msrm import runtime
     from .linalg import spd_matrix
 
     M = np.asfortranarray(spd_matrix(n, seed))
@@ -155,10 +155,10 @@ def parts_rows(cfg, profile, info, repeats) -> list[dict]:
     import jax
     import jax.numpy as jnp
 
-    from ..gp import likelihood as L
-    from ..gp import linalg
-    from ..gp.model import params_to_theta
-    from ..gp.prepare import prepare
+    from msrm.gp import likelihood as L
+    from msrm.gp import linalg
+    from msrm.gp.model import params_to_theta
+    from msrm.gp.prepare import prepare
 
     K = cfg["factors"][0]
     model, u, truth = build_case(cfg, K)
@@ -221,7 +221,7 @@ def feature_sweep_rows(cfg, profile, info, repeats) -> list[dict]:
 def threads_rows(cfg, profile, info, repeats) -> list[dict]:
     import jax
 
-    from ..gp import linalg
+    from msrm.gp import linalg
 
     if jax.default_backend() != "cpu":
         return [make_row(NOTEBOOK, "threads", "median_s", None, "s", status="not_yet_measured", info=info,
@@ -238,7 +238,7 @@ def threads_rows(cfg, profile, info, repeats) -> list[dict]:
 
 
 def host_memory_rows(cfg, profile, info, repeats) -> list[dict]:
-    from .. import runtime
+    from msrm import runtime
 
     before = runtime.host_memory()
     if not runtime.set_host_memory("system"):

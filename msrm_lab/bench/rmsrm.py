@@ -1,7 +1,7 @@
 """R-MSRM benchmarks (notebook stem ``rmsrm``): where one alternating iteration spends its time, what residual
 reuse and the banded latent solve buy, the cost of a 100-iteration restart, and growth with recording length.
 
-Experiments (each returns results rows, ``msrm.bench.rows.make_row``):
+Experiments (each returns results rows, ``msrm_lab.bench.rows.make_row``):
 
 - ``phase_profile``: one restart for three alternating iterations under cProfile at each length of the profile
   (the note's two cases: one-eighth and twice its length): per-phase seconds per iteration, the one-time
@@ -26,11 +26,11 @@ import numpy as np
 
 import data_synth
 
-from ..rmsrm import convention
-from ..rmsrm.fit import PHASES, fit_restart, initial_signal
-from ..rmsrm.loadings import residual_sum_squares
-from ..rmsrm.objective import RState, compute_stats, slot_latents
-from ..rmsrm.prepare import default_roughness, prepare_rmsrm
+from msrm.rmsrm import convention
+from msrm.rmsrm.fit import PHASES, fit_restart, initial_signal
+from msrm.rmsrm.loadings import residual_sum_squares
+from msrm.rmsrm.objective import RState, compute_stats, slot_latents
+from msrm.rmsrm.prepare import default_roughness, prepare_rmsrm
 from .measure import PeakMemory, warm_median
 from .rows import make_row
 

@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
-from .. import _atomic
-from ..runtime import execution_info
+from msrm import atomic
+from msrm.runtime import execution_info
 
 __all__ = ["make_row", "write_rows", "read_rows", "STATUSES"]
 
@@ -65,10 +65,10 @@ def write_rows(path: str | Path, rows: Iterable[dict], *, append: bool = True) -
     path = Path(path)
     rows = list(rows)
     if append:
-        _atomic.append_jsonl(path, rows)
+        atomic.append_jsonl(path, rows)
     else:
-        _atomic.write_bytes(path, b"")
-        _atomic.append_jsonl(path, rows)
+        atomic.write_bytes(path, b"")
+        atomic.append_jsonl(path, rows)
     return path
 
 

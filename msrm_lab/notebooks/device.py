@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 
-from ..runtime import _cpu_model, physical_cores
+from msrm.runtime import _cpu_model, physical_cores
 
 __all__ = ["slug", "cpu_label", "cuda_label", "gpu_kinds", "resolve_device", "device_label", "DEVICES"]
 

@@ -11,7 +11,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from .. import _atomic
+from msrm import atomic
 
 __all__ = ["execute"]
 
@@ -41,7 +41,7 @@ def execute(input_path: str, output_path: str, cwd: str, parameters: dict, error
         message = str(exc)
         if type(exc).__name__ == "PapermillExecutionError":
             message = f"{exc.ename}: {exc.evalue} (cell {exc.exec_count})"
-        _atomic.write_json(Path(error_file), {
+        atomic.write_json(Path(error_file), {
             "type": type(exc).__name__,
             "message": message,
             "traceback": traceback.format_exc()[-8000:],

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..runtime import execution_info, physical_cores
+from msrm.runtime import execution_info, physical_cores
 from .linalg import peak_rss_delta, spd_matrix
 from .measure import block
 from .rows import make_row, write_rows
@@ -96,7 +96,7 @@ def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "qui
     import jax.scipy.linalg as jsl
     from threadpoolctl import threadpool_limits
 
-    from ..gp import linalg
+    from msrm.gp import linalg
 
     if not jax.config.jax_enable_x64:
         raise ValueError("threads_rows: float64 is the contract; call msrm.runtime.enable_x64() first")

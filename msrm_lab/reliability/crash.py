@@ -20,8 +20,8 @@ __all__ = ["WRITER", "kill_during_writes", "readable"]
 WRITER = textwrap.dedent(
     """
     import sys, numpy as np
-    from msrm import _atomic
-    from msrm.bench.rows import make_row, write_rows
+    from msrm import atomic
+    from msrm_lab.bench.rows import make_row, write_rows
     kind, path, flag = sys.argv[1], sys.argv[2], sys.argv[3]
     big = {"x": np.random.default_rng(1).standard_normal(4_000_000)}  # ~32 MB: a write takes a while
     open(flag, "w").close()
@@ -30,23 +30,23 @@ WRITER = textwrap.dedent(
         i += 1
         if kind == "npz":
             big["i"] = np.array(i)
-            _atomic.write_npz(path, big)
+            atomic.write_npz(path, big)
         elif kind == "jsonl":
             write_rows(path, [make_row("crash", "loop", "i", float(i), "count", info={"pad": "x" * 200000})])
         else:
-            _atomic.write_json(path, {"i": i, "pad": list(range(200000))})
+            atomic.write_json(path, {"i": i, "pad": list(range(200000))})
     """
 )
 
 
 def readable(kind: str, path: Path) -> bool:
     """True when ``path`` is a complete file of its kind."""
-    from msrm import _atomic
-    from msrm.bench.rows import read_rows
+    from msrm import atomic
+    from msrm_lab.bench.rows import read_rows
 
     try:
         if kind == "npz":
-            arrays = _atomic.read_npz(path)
+            arrays = atomic.read_npz(path)
             return {"x", "i"} <= set(arrays) or set(arrays) == {"x", "i"}
         if kind == "jsonl":
             for line in Path(path).read_text().splitlines():

@@ -1,4 +1,4 @@
-"""Check the built book in headless Chromium: ``python -m msrm.notebooks check-book _build/html``.
+"""Check the built book in headless Chromium: ``python -m msrm_lab.notebooks check-book _build/html``.
 
 The HTML is served by ``http.server`` on 127.0.0.1; Playwright opens every page and checks that
 
@@ -109,7 +109,7 @@ def check_book(html: str | Path, *, results=None, chromium: str = "/usr/bin/chro
 
     Args:
         html: the built HTML folder (``_build/html``).
-        results: results roots the book was built from (default: as :func:`msrm.book.results_roots`).
+        results: results roots the book was built from (default: as :func:`msrm_lab.book.results_roots`).
         chromium: the Chromium executable.
     """
     from playwright.sync_api import sync_playwright

@@ -3,7 +3,7 @@
 For each ``notebooks/NN_<stem>.ipynb`` (sorted) the runner:
 
 1. makes a temporary folder ``results/<label>/<profile>/.<stem>.tmp-*``;
-2. starts a child Python (``python -m msrm.notebooks _execute``) that calls ``papermill.execute_notebook`` with
+2. starts a child Python (``python -m msrm_lab.notebooks _execute``) that calls ``papermill.execute_notebook`` with
    ``kernel_name="python3"``, ``cwd`` = the repository root and the parameters ``profile``, ``device`` and
    ``out_dir`` (the temporary folder); the child is killed, with its process group, past the time limit;
 3. on success (papermill finished and the notebook wrote ``rows.jsonl``) swaps the temporary folder into
@@ -28,13 +28,13 @@ import time
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from .. import _atomic
-from ..runtime import execution_info
+from msrm import atomic
+from msrm.runtime import execution_info
+from ..paths import repo_root
 from .device import resolve_device
 
-__all__ = ["ROOT", "PROFILES", "NotebookResult", "discover", "notebook_stem", "run_notebook", "run_notebooks"]
+__all__ = ["PROFILES", "NotebookResult", "discover", "notebook_stem", "run_notebook", "run_notebooks"]
 
-ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ("smoke", "quick", "note", "full")
 DEFAULT_TIMEOUT_S = {"smoke": 300.0, "quick": 480.0, "note": 5400.0, "full": 6 * 3600.0}
 
@@ -84,7 +84,7 @@ def discover(notebooks_dir: str | Path, only: Sequence[str] | None = None) -> li
     return [p for p in paths if names[p] & set(only)]
 
 
-def _child_env(platform: str) -> dict[str, str]:
+def _child_env(platform: str, root: Path) -> dict[str, str]:
     env = dict(os.environ)
     if platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
@@ -92,9 +92,18 @@ def _child_env(platform: str) -> dict[str, str]:
         env.pop("JAX_PLATFORMS", None)
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     env["PYTHONUNBUFFERED"] = "1"
-    # the kernel must import this checkout's msrm even when it is not installed
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # the kernel imports this checkout's msrm and data_synth, installed or not
+    env["PYTHONPATH"] = os.pathsep.join([str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
+
+
+def _checkout(notebook: Path) -> Path:
+    """The notebook's working directory: the checkout that holds it, else the working directory's checkout
+    (a notebook kept elsewhere still imports this checkout's code and writes into its results)."""
+    try:
+        return repo_root(notebook.parent)
+    except FileNotFoundError:
+        return repo_root()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -138,6 +147,7 @@ def run_notebook(
         timeout: seconds for the whole notebook; ``None`` uses the profile's default.
     """
     path = Path(path).resolve()
+    root = _checkout(path)
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
     if platform not in ("cpu", "cuda"):
@@ -151,15 +161,15 @@ def run_notebook(
     final, failed = base / stem, base / f"{stem}.failed"
     tmp = Path(tempfile.mkdtemp(prefix=f".{stem}.tmp-", dir=base))
     parameters = {"profile": profile, "device": platform, "out_dir": str(tmp)}
-    cmd = [sys.executable, "-m", "msrm.notebooks", "_execute", "--input", str(path),
-           "--output", str(tmp / "executed.ipynb"), "--cwd", str(ROOT), "--parameters", json.dumps(parameters),
+    cmd = [sys.executable, "-m", "msrm_lab.notebooks", "_execute", "--input", str(path),
+           "--output", str(tmp / "executed.ipynb"), "--cwd", str(root), "--parameters", json.dumps(parameters),
            "--error-file", str(tmp / "error.json"), "--timeout", str(timeout)]
     started = time.time()
     t0 = time.perf_counter()
     error: str | None = None
     try:
         with tempfile.TemporaryFile(mode="w+") as log:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(platform), stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, cwd=root, env=_child_env(platform, root), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             try:
                 rc = proc.wait(timeout=timeout)
@@ -186,7 +196,7 @@ def run_notebook(
             "previous_results_kept": error is not None and final.exists(),
             "execution_info": execution_info(include_jax=False),
         }
-        _atomic.write_json(tmp / "status.json", status)
+        atomic.write_json(tmp / "status.json", status)
         if error is None:
             _swap_in(tmp, final)
             shutil.rmtree(failed, ignore_errors=True)
@@ -232,9 +242,9 @@ def run_notebooks(
 
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
-    paths = discover(ROOT / "notebooks" if notebooks_dir is None else notebooks_dir, only)
+    paths = discover(repo_root() / "notebooks" if notebooks_dir is None else notebooks_dir, only)
     platform, label = resolve_device(device)
-    results = ROOT / "results" if results is None else Path(results)
+    results = repo_root() / "results" if results is None else Path(results)
     out: list[NotebookResult] = []
     bar = tqdm(paths, desc=f"{label}/{profile}", unit="notebook", disable=not progress, file=sys.stderr)
     for p in bar:

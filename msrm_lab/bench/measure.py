@@ -110,7 +110,7 @@ class PeakMemory:
 
     def __enter__(self) -> "PeakMemory":
         # free heap memory kept for reuse (msrm.runtime host_memory="reuse") would hide what the block needs
-        from ..runtime import release_host_memory
+        from msrm.runtime import release_host_memory
 
         release_host_memory()
         self.baseline_rss_bytes = current_rss_bytes()

@@ -22,9 +22,9 @@ SIZES = {
 
 def reliability_rows(size: str, *, info=None) -> tuple[list[dict], dict]:
     """Run the catalogue, the fault injections and the SIGKILL trials; return (rows, details)."""
-    from msrm import _atomic
-    from msrm.reliability import all_cases, run_catalogue
-    from msrm.reliability.crash import kill_during_writes
+    from msrm import atomic
+    from msrm_lab.reliability import all_cases, run_catalogue
+    from msrm_lab.reliability.crash import kill_during_writes
 
     sz = SIZES[size]
     catalogue = run_catalogue(all_cases())
@@ -35,7 +35,7 @@ def reliability_rows(size: str, *, info=None) -> tuple[list[dict], dict]:
     ]
     faults = []
     if sz["faults"]:
-        from msrm.reliability.faults import run_faults
+        from msrm_lab.reliability.faults import run_faults
 
         faults = run_faults()
         rows += [
@@ -56,13 +56,13 @@ def reliability_rows(size: str, *, info=None) -> tuple[list[dict], dict]:
             path = Path(tmp) / f"target.{kind}"
             for delay in sz["kill_delays"]:
                 if kind == "npz":
-                    _atomic.write_npz(path, {"x": np.arange(3.0), "i": np.array(0)})
+                    atomic.write_npz(path, {"x": np.arange(3.0), "i": np.array(0)})
                 elif kind == "jsonl":
                     from .rows import write_rows
 
                     write_rows(path, [make_row("crash", "seed", "i", 0.0, "count", info={})], append=False)
                 else:
-                    _atomic.write_json(path, {"i": 0})
+                    atomic.write_json(path, {"i": 0})
                 kills.append(kill_during_writes(kind, path, delay))
     rows += [
         make_row(NOTEBOOK, "sigkill", "kills", len(kills), "processes", info=info),

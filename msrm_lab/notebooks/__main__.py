@@ -1,8 +1,8 @@
-"""Command line: ``python -m msrm.notebooks run|check-book|label``.
+"""Command line: ``python -m msrm_lab.notebooks run|check-book|label``.
 
-    python -m msrm.notebooks run --profile quick --device auto [--only NAME ...] [--timeout S] [--results DIR]
-    python -m msrm.notebooks check-book _build/html [--results DIR]
-    python -m msrm.notebooks label --device auto
+    python -m msrm_lab.notebooks run --profile quick --device auto [--only NAME ...] [--timeout S] [--results DIR]
+    python -m msrm_lab.notebooks check-book _build/html [--results DIR]
+    python -m msrm_lab.notebooks label --device auto
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .device import DEVICES
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m msrm.notebooks", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m msrm_lab.notebooks", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="execute the notebooks into results/<device-label>/<profile>/")

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..runtime import execution_info
+from msrm.runtime import execution_info
 from .measure import PeakMemory, block, warm_median
 from .rows import make_row
 
@@ -88,7 +88,7 @@ def _malloc_trim() -> None:
 def peak_rss_delta(fn: Callable[[], Any]) -> int | None:
     """Bytes by which the resident peak rose above the resident size while ``fn()`` ran (synchronised).
 
-    Uses :class:`msrm.bench.measure.PeakMemory` after ``malloc_trim``; ``None`` where unavailable.
+    Uses :class:`msrm_lab.bench.measure.PeakMemory` after ``malloc_trim``; ``None`` where unavailable.
     """
     _malloc_trim()
     with PeakMemory() as pm:
@@ -124,7 +124,7 @@ def raw_linalg_rows(sizes, repeats: int = 3, *, profile: str = "quick", seed: in
         raise ValueError("raw_linalg_rows: float64 is the contract; call msrm.runtime.enable_x64() first")
     from threadpoolctl import threadpool_limits
 
-    from ..runtime import blas_threads
+    from msrm.runtime import blas_threads
 
     info = execution_info()
     ops = _jax_ops()
@@ -192,7 +192,7 @@ def potrf_potri_floor(n: int, threads: int | None = None, repeats: int = 5, seed
     from scipy.linalg import lapack
     from threadpoolctl import threadpool_limits
 
-    from ..runtime import blas_threads
+    from msrm.runtime import blas_threads
 
     threads = blas_threads() if threads is None else int(threads)
     M = np.asfortranarray(spd_matrix(int(n), seed))
@@ -216,8 +216,8 @@ def memory_prediction_rows(n: int, *, methods=("callback", "native"), profile: s
     import jax
     import jax.numpy as jnp
 
-    from ..gp.linalg import quad_logdet
-    from ..gp.memory import PEAK_MATRICES, predict_peak_bytes
+    from msrm.gp.linalg import quad_logdet
+    from msrm.gp.memory import PEAK_MATRICES, predict_peak_bytes
 
     info = execution_info()
     M = jnp.asarray(spd_matrix(int(n), seed))

@@ -211,7 +211,7 @@ def _load_netcdf(path):
 def _run_notebooks(**kw):
     import tempfile
 
-    from msrm.notebooks.runner import run_notebooks
+    from msrm_lab.notebooks.runner import run_notebooks
 
     return run_notebooks(results=tempfile.mkdtemp(), **kw)
 

@@ -1,9 +1,9 @@
 """State-space backend benchmarks: memory against the note's staging, speed against ``grouped``, the duration
 ladder, exactness, bank error against state count, and the parallel scan against the sequential one.
 
-Every function returns results rows (:func:`msrm.bench.rows.make_row`, notebook ``"state_space"``); timings are
+Every function returns results rows (:func:`msrm_lab.bench.rows.make_row`, notebook ``"state_space"``); timings are
 warm medians of ``GPMSRM.value_and_grad`` after compilation (outputs synchronised), peak memory is the process
-high-water mark added by the timed block (:class:`msrm.bench.measure.PeakMemory`), and ratios are measured side
+high-water mark added by the timed block (:class:`msrm_lab.bench.measure.PeakMemory`), and ratios are measured side
 by side in one process.
 
 The note's as-written staging held one transition and one process-noise matrix per scalar observation:
