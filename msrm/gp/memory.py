@@ -30,6 +30,7 @@ __all__ = [
     "PEAK_PANELS",
     "ENV_LIMIT",
     "predict_peak_bytes",
+    "likelihood_peak_bytes",
     "available_bytes",
     "memory_limit",
     "check_memory",
@@ -66,6 +67,27 @@ def predict_peak_bytes(dim: int, n_rhs: int = 1, extra: int = 0) -> int:
     n_rhs = _check_count("n_rhs", n_rhs, 0)
     extra = _check_count("extra", extra, 0)
     return 8 * (PEAK_MATRICES * dim * dim + PEAK_PANELS * dim * n_rhs) + extra
+
+
+def likelihood_peak_bytes(node_counts, n_factors: int) -> tuple[int, int]:
+    """Peak bytes of one value+gradient of the dense/grouped GP likelihood over runs with these node counts.
+
+    Every run keeps its factor of ``M`` (``(N K)^2``), the node covariances ``C_k`` (``K N^2``) and one
+    temporary of each alive across the backward pass (``8 (2 (N K)^2 + 2 K N^2)`` bytes a run); on top of that
+    the largest run's guarded factorization (:func:`predict_peak_bytes` with one right-hand side).
+
+    Returns:
+        (bytes, largest factorization dimension N K).
+    """
+    K = _check_count("n_factors", n_factors, 1)
+    extra, largest = 0, 0
+    for N in node_counts:
+        N = _check_count("node count", N, 1)
+        extra += 8 * (2 * (N * K) ** 2 + 2 * K * N * N)
+        largest = max(largest, N * K)
+    if largest == 0:
+        raise ValueError("node_counts must name at least one run")
+    return predict_peak_bytes(largest, 1, extra=extra), largest
 
 
 def _meminfo_available() -> int | None:

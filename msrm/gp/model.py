@@ -224,17 +224,9 @@ class GPMSRM:
     def _check_memory(self, node_counts) -> None:
         from . import memory
 
-        extra, largest = 0, 0
-        K = self.spec.n_factors
-        for N in node_counts:
-            # kept alive across the backward pass per run: M's factor and C_k (plus temporaries of one (NK)^2)
-            extra += 8 * (2 * (N * K) ** 2 + 2 * K * N * N)
-            largest = max(largest, N * K)
+        need, largest = memory.likelihood_peak_bytes(node_counts, self.spec.n_factors)
         memory.check_memory(
-            memory.predict_peak_bytes(largest, 1, extra=extra),
-            what=f"the {self.linear_algebra} GP likelihood (largest factorization N*K = {largest})",
-            dim=largest,
-        )
+            need, what=f"the {self.linear_algebra} GP likelihood (largest factorization N*K = {largest})", dim=largest)
 
     @property
     def num_params(self) -> int:
