@@ -5,10 +5,11 @@
 
 Modules: ``prepare`` (static inputs), ``objective`` (J: sufficient statistics and explicit residual),
 ``latent`` (block-banded normal equations), ``loadings`` (loadings, intercepts, noise), ``response``
-(L-BFGS-B over theta), ``convention`` (initialisation, scale/rotation convention), ``fit`` (driver), ``archive``.
+(L-BFGS-B over theta), ``convention`` (initialisation, scale/rotation convention), ``fit`` (driver), ``archive``
+(the :class:`RFit` result and its ``.npz`` archive).
 """
-from .archive import load_rfit
-from .fit import RFit, fit_restart, fit_rmsrm
+from .archive import RFit, load_rfit
+from .fit import fit_restart, fit_rmsrm
 from .prepare import default_roughness, prepare_rmsrm
 
 __all__ = ["fit_rmsrm", "RFit", "load_rfit", "prepare_rmsrm", "default_roughness", "fit_restart"]

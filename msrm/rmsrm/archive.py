@@ -1,4 +1,8 @@
-"""R-MSRM fit archives: one ``.npz`` written atomically (msrm.atomic), read without pickle.
+"""The R-MSRM fit result (:class:`RFit`) and its archive: one ``.npz`` written atomically (msrm.atomic), read
+without pickle.
+
+The result type and its on-disk form live together so that the driver (fit.py) imports this module and nothing
+here imports the driver.
 
 Entries: ``latents/<r>`` (J, K) per run; ``params/<name>`` from ``Params.flatten``; ``objective_history``;
 ``step_objectives``; ``restarts``; ``timings/<phase>``; and ``meta``, a JSON text (format, spec via
@@ -9,6 +13,7 @@ latents imply, and that the parameters are finite; it raises ValueError naming w
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +22,64 @@ from .. import atomic
 from ..params import Params
 from ..spec import ModelSpec
 
-__all__ = ["save_rfit", "load_rfit", "FORMAT"]
+__all__ = ["RFit", "PHASES", "save_rfit", "load_rfit", "FORMAT"]
 
 FORMAT = "msrm.rfit/1"
+# Timed phases of one iteration (the keys of RFit.timings): the four block steps and the objective evaluations.
+PHASES = ("latent", "loadings", "noise", "response", "objective")
+
+
+@dataclass(frozen=True, eq=False)
+class RFit:
+    """The best restart of an R-MSRM fit.
+
+    Fields:
+        latents: list over runs of (J, K) latents on each run's grid (canonical convention, convention.py).
+        params: msrm.Params (loadings, intercepts, noise_sd, response theta); ``lengthscales`` holds the
+            half-correlation estimate of ``convention.estimate_lengthscales`` (R-MSRM has no GP prior).
+        objective_history: (n_iter + 1,) J at the start and after each iteration.
+        step_objectives: (n_iter, 4) J after the latent, loadings, noise and response steps of each iteration.
+        converged: True if the relative decrease fell below tol before max_iter.
+        n_iter: iterations run.
+        timings: phase -> (n_iter,) seconds per iteration; phases ``PHASES``.
+        restarts: (restarts,) final J of each restart, NaN for a restart that failed.
+        restart_errors: per restart, the traceback text of its failure or None.
+        restart_seeds: per restart, the seed description ``{"seed": s, "restart": i}``.
+        execution_info: ``msrm.runtime.execution_info()`` of the process that ran the fit.
+        spec: the ModelSpec.
+        roughness: lambda used.
+        settings: the fit's arguments (objective, latent_solver, max_iter, tol, seed, backend, n_jobs).
+        diagnostics: events worth knowing (ridge fallbacks in the latent solve), never silent.
+    """
+
+    latents: list
+    params: Params
+    objective_history: np.ndarray
+    step_objectives: np.ndarray
+    converged: bool
+    n_iter: int
+    timings: dict
+    restarts: np.ndarray
+    restart_errors: list
+    restart_seeds: list
+    execution_info: dict
+    spec: ModelSpec
+    roughness: float
+    settings: dict = field(default_factory=dict)
+    diagnostics: list = field(default_factory=list)
+
+    @property
+    def objective(self) -> float:
+        """Final J of the best restart."""
+        return float(self.objective_history[-1])
+
+    @property
+    def best_restart(self) -> int:
+        return int(np.nanargmin(self.restarts))
+
+    def save(self, path) -> None:
+        """Write an atomic ``.npz`` archive (arrays + a JSON entry; loaded by ``msrm.rmsrm.load_rfit``)."""
+        save_rfit(self, path)
 
 
 def save_rfit(fit, path) -> None:
@@ -53,8 +113,6 @@ def save_rfit(fit, path) -> None:
 
 def load_rfit(path):
     """Read an archive written by ``RFit.save``; validate it; return an RFit."""
-    from .fit import PHASES, RFit
-
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"load_rfit: no archive at {str(path)!r}")

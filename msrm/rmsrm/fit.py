@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
 
@@ -24,16 +23,17 @@ from ..data import Dataset
 from ..params import Params
 from ..spec import ModelSpec
 from . import convention
+from .archive import PHASES, RFit
 from .latent import solve_latents
 from .loadings import residual_sum_squares, update_loadings, update_noise
-from .objective import RState, compute_stats, objective_dense, objective_reuse, slot_latents
+from .objective import (RState, compute_stats, objective_dense, objective_reuse, penalty_metric, roughness_gram,
+                        slot_latents)
 from .prepare import Prepared, default_roughness, prepare_rmsrm
 from .response import update_response
 
 __all__ = ["RFit", "RestartResult", "fit_rmsrm", "fit_restart", "restart_tasks", "PHASES", "OBJECTIVES",
            "LATENT_SOLVERS"]
 
-PHASES = ("latent", "loadings", "noise", "response", "objective")
 OBJECTIVES = ("reuse", "dense")
 LATENT_SOLVERS = ("banded", "superlu")
 
@@ -48,61 +48,6 @@ class RestartResult(NamedTuple):
     converged: bool
     n_iter: int
     diagnostics: list
-
-
-@dataclass(frozen=True, eq=False)
-class RFit:
-    """The best restart of an R-MSRM fit.
-
-    Fields:
-        latents: list over runs of (J, K) latents on each run's grid (canonical convention, convention.py).
-        params: msrm.Params (loadings, intercepts, noise_sd, response theta); ``lengthscales`` holds the
-            half-correlation estimate of ``convention.estimate_lengthscales`` (R-MSRM has no GP prior).
-        objective_history: (n_iter + 1,) J at the start and after each iteration.
-        step_objectives: (n_iter, 4) J after the latent, loadings, noise and response steps of each iteration.
-        converged: True if the relative decrease fell below tol before max_iter.
-        n_iter: iterations run.
-        timings: phase -> (n_iter,) seconds per iteration; phases ``PHASES``.
-        restarts: (restarts,) final J of each restart, NaN for a restart that failed.
-        restart_errors: per restart, the traceback text of its failure or None.
-        restart_seeds: per restart, the seed description ``{"seed": s, "restart": i}``.
-        execution_info: ``msrm.runtime.execution_info()`` of the process that ran the fit.
-        spec: the ModelSpec.
-        roughness: lambda used.
-        settings: the fit's arguments (objective, latent_solver, max_iter, tol, seed, backend, n_jobs).
-        diagnostics: events worth knowing (ridge fallbacks in the latent solve), never silent.
-    """
-
-    latents: list
-    params: Params
-    objective_history: np.ndarray
-    step_objectives: np.ndarray
-    converged: bool
-    n_iter: int
-    timings: dict
-    restarts: np.ndarray
-    restart_errors: list
-    restart_seeds: list
-    execution_info: dict
-    spec: ModelSpec
-    roughness: float
-    settings: dict = field(default_factory=dict)
-    diagnostics: list = field(default_factory=list)
-
-    @property
-    def objective(self) -> float:
-        """Final J of the best restart."""
-        return float(self.objective_history[-1])
-
-    @property
-    def best_restart(self) -> int:
-        return int(np.nanargmin(self.restarts))
-
-    def save(self, path) -> None:
-        """Write an atomic ``.npz`` archive (arrays + a JSON entry; loaded by ``msrm.rmsrm.load_rfit``)."""
-        from .archive import save_rfit
-
-        save_rfit(self, path)
 
 
 def restart_tasks(seed: int, restarts: int) -> list[dict]:
@@ -210,8 +155,6 @@ def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: in
 def initial_signal(prep: Prepared, base: tuple) -> float:
     """tr(S0) / K: the mean noise-weighted signal per feature and factor at the PCA initialisation
     (loadings, intercepts and noise fitted to the whitened PCA latents with ``prep.roughness``)."""
-    from .objective import penalty_metric
-
     state = RState(Z=base, W={}, b={}, var={}, theta=convention.initial_theta(prep, None, 0))
     W, b, q = update_loadings(prep, state, slot_latents(prep, state))
     state = state._replace(W=W, b=b)
@@ -224,8 +167,6 @@ def _feature_objective(prep: Prepared, state: RState, q: dict) -> float:
 
     J = 1/2 sum_f [(q_f + (lambda/F_tot) w_f^T P w_f) / sigma_f^2 + n_f log sigma_f^2].
     """
-    from .objective import roughness_gram
-
     P = roughness_gram(prep, state.Z)
     scale = prep.roughness / prep.n_total_features
     total = 0.0
