@@ -155,87 +155,108 @@ def prepare_rmsrm(data: Dataset, spec: ModelSpec, roughness: float | None = None
         KeyError: a modality without a response in the spec.
         ValueError: bad roughness, or a run too short for its grid.
     """
-    if not isinstance(data, Dataset):
-        raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
-    if not isinstance(spec, ModelSpec):
-        raise ValueError(f"spec must be an msrm.ModelSpec, got {type(spec).__name__}")
-    if roughness is None:
-        lam = default_roughness(spec)
-    else:
-        try:
-            lam = float(roughness)
-        except (TypeError, ValueError):
-            raise ValueError(f"roughness must be a positive number or None, got {roughness!r}") from None
-        if not math.isfinite(lam) or lam <= 0:
-            raise ValueError(f"roughness must be finite and > 0, got {roughness!r}")
+    _check_inputs(data, spec)
+    lam = _roughness_value(spec, roughness)
     groups = response_groups(data, spec)  # KeyError names a modality without a response
-    group_of = {}
-    for g_i, g in enumerate(groups):
-        group_of[g.key] = g_i
-    keys = data.stream_keys
-    n_features = data.n_features
-    count = {k: np.zeros(F) for k, F in n_features.items()}
-    sum_y = {k: np.zeros(F) for k, F in n_features.items()}
-    sum_y2 = {k: np.zeros(F) for k, F in n_features.items()}
-    any_missing = {k: False for k in keys}
-    runs = []
-    band = 3
-    for r_i, run in enumerate(data.runs):
-        grid = latent_grid(run.duration, spec)
-        slot_members: dict[tuple, list[int]] = {}
-        slot_times: dict[tuple, np.ndarray] = {}
-        streams = []
-        for s_i, s in enumerate(run.streams):
-            resp = spec.response(s.modality)
-            if not resp.param_names or spec.pooling == "shared":
-                gkey = s.modality
-            else:
-                gkey = s.key
-            g_i = group_of[gkey]
-            sig = (g_i, s.n_samples, round(s.dt, 12), round(s.offset, 12))
-            slot_members.setdefault(sig, []).append(s_i)
-            slot_times.setdefault(sig, s.times)
-            mask = s.mask
-            values = np.where(mask, s.values, 0.0)
-            count[s.key] += mask.sum(axis=0)
-            sum_y[s.key] += values.sum(axis=0)
-            sum_y2[s.key] += (values * values).sum(axis=0)
-            complete = bool(mask.all())
-            any_missing[s.key] |= not complete
-            streams.append([s.key, None, values, None if complete else mask.astype(np.float64)])
-        slots = []
-        for sl_i, (sig, members) in enumerate(slot_members.items()):
-            layout = window_layout(slot_times[sig], groups[sig[0]].response, grid)
-            band = max(band, layout.width)
-            w, J = layout.width, grid.size
-            pair_rows = np.concatenate(
-                [d * J + layout.start[:, None] + np.arange(w - d)[None, :] for d in range(w)], axis=1
-            )
-            complete = all(streams[s_i][3] is None for s_i in members)
-            slots.append(Slot(sig[0], slot_times[sig], layout, tuple(members), pair_rows, complete))
-            for s_i in members:
-                streams[s_i][1] = sl_i
-        runs.append(
-            RunData(
-                grid=grid,
-                slots=tuple(slots),
-                streams=tuple(StreamData(*s) for s in streams),
-                dtd=second_difference_bands(grid.size),
-            )
-        )
-    theta_groups = tuple(i for i, g in enumerate(groups) if g.param_key is not None)
+    group_of = {g.key: g_i for g_i, g in enumerate(groups)}
+    keys, n_features = data.stream_keys, data.n_features
+    runs = tuple(_prepare_run(run, spec, groups, group_of) for run in data.runs)
+    count, sum_y, sum_y2, any_missing = _feature_totals(keys, n_features, runs)
     return Prepared(
         spec=spec,
         keys=keys,
         n_features=n_features,
         n_total_features=int(sum(n_features.values())),
         groups=groups,
-        theta_groups=theta_groups,
-        runs=tuple(runs),
+        theta_groups=tuple(i for i, g in enumerate(groups) if g.param_key is not None),
+        runs=runs,
         count=count,
         sum_y=sum_y,
         sum_y2=sum_y2,
         roughness=lam,
-        band_blocks=band,
+        band_blocks=max([3] + [sl.layout.width for run in runs for sl in run.slots]),
         any_missing=any_missing,
     )
+
+
+def _check_inputs(data, spec) -> None:
+    """Raise ValueError unless ``data`` is an msrm.Dataset and ``spec`` an msrm.ModelSpec."""
+    if not isinstance(data, Dataset):
+        raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be an msrm.ModelSpec, got {type(spec).__name__}")
+
+
+def _roughness_value(spec: ModelSpec, roughness) -> float:
+    """lambda: ``default_roughness(spec)`` (signal 1) when ``roughness`` is None, else ``roughness`` checked to be a
+    finite number > 0."""
+    if roughness is None:
+        return default_roughness(spec)
+    try:
+        lam = float(roughness)
+    except (TypeError, ValueError):
+        raise ValueError(f"roughness must be a positive number or None, got {roughness!r}") from None
+    if not math.isfinite(lam) or lam <= 0:
+        raise ValueError(f"roughness must be finite and > 0, got {roughness!r}")
+    return lam
+
+
+def _slot_signature(stream, spec: ModelSpec, group_of: dict) -> tuple:
+    """(response group index, n samples, dt, offset): streams of one run with equal signatures form one slot.
+
+    The group is the modality's under shared pooling or for a response without parameters, else the stream's own;
+    dt and offset are rounded to 1e-12 s so that equal sample times compare equal.
+    """
+    resp = spec.response(stream.modality)
+    gkey = stream.modality if not resp.param_names or spec.pooling == "shared" else stream.key
+    return (group_of[gkey], stream.n_samples, round(stream.dt, 12), round(stream.offset, 12))
+
+
+def _observed_values(stream) -> tuple[np.ndarray, np.ndarray | None]:
+    """(values (n, F) with missing entries set to 0, float64 mask (n, F) or None when nothing is missing)."""
+    mask = stream.mask
+    values = np.where(mask, stream.values, 0.0)
+    return values, None if bool(mask.all()) else mask.astype(np.float64)
+
+
+def _pair_rows(layout: WindowLayout, J: int) -> np.ndarray:
+    """(n, w (w + 1) / 2) rows ``d J + start_i + p`` of the block bands, pairs ordered by d then p (Slot.pair_rows)."""
+    w = layout.width
+    return np.concatenate([d * J + layout.start[:, None] + np.arange(w - d)[None, :] for d in range(w)], axis=1)
+
+
+def _prepare_run(run, spec: ModelSpec, groups: tuple, group_of: dict) -> RunData:
+    """One run's grid, slots (streams grouped by :func:`_slot_signature`, in order of first appearance), streams
+    with their observed values, and the bands of D2^T D2 on the grid."""
+    grid = latent_grid(run.duration, spec)
+    members: dict[tuple, list[int]] = {}
+    times: dict[tuple, np.ndarray] = {}
+    for s_i, s in enumerate(run.streams):
+        sig = _slot_signature(s, spec, group_of)
+        members.setdefault(sig, []).append(s_i)
+        times.setdefault(sig, s.times)
+    observed = [_observed_values(s) for s in run.streams]
+    slots = []
+    slot_of = {}
+    for sl_i, (sig, idx) in enumerate(members.items()):
+        layout = window_layout(times[sig], groups[sig[0]].response, grid)
+        complete = all(observed[s_i][1] is None for s_i in idx)
+        slots.append(Slot(sig[0], times[sig], layout, tuple(idx), _pair_rows(layout, grid.size), complete))
+        slot_of.update((s_i, sl_i) for s_i in idx)
+    streams = tuple(StreamData(s.key, slot_of[s_i], *observed[s_i]) for s_i, s in enumerate(run.streams))
+    return RunData(grid=grid, slots=tuple(slots), streams=streams, dtd=second_difference_bands(grid.size))
+
+
+def _feature_totals(keys: tuple, n_features: dict, runs: tuple) -> tuple[dict, dict, dict, dict]:
+    """Per stream key, over all runs: (count n_f, sum of y, sum of y^2, each (F,); any missing value)."""
+    count = {k: np.zeros(F) for k, F in n_features.items()}
+    sum_y = {k: np.zeros(F) for k, F in n_features.items()}
+    sum_y2 = {k: np.zeros(F) for k, F in n_features.items()}
+    any_missing = {k: False for k in keys}
+    for run in runs:
+        for st in run.streams:
+            count[st.key] += st.values.shape[0] if st.mask is None else st.mask.sum(axis=0)
+            sum_y[st.key] += st.values.sum(axis=0)
+            sum_y2[st.key] += (st.values * st.values).sum(axis=0)
+            any_missing[st.key] |= st.mask is not None
+    return count, sum_y, sum_y2, any_missing
