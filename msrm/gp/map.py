@@ -23,6 +23,8 @@ from .. import atomic
 
 __all__ = ["fit_map", "MAPResult", "load_map"]
 
+GRADIENT_METHODS = ("L-BFGS-B", "BFGS", "CG", "TNC", "SLSQP", "trust-constr")
+
 
 @dataclass(frozen=True)
 class MAPResult:
@@ -74,11 +76,13 @@ class MAPResult:
 
 
 def _stem(path: str | Path) -> Path:
+    """The archive stem: ``path`` without a ``.npz`` / ``.json`` suffix."""
     p = Path(path)
     return p.with_suffix("") if p.suffix in (".npz", ".json") else p
 
 
 def _sha256(path: Path) -> str:
+    """Hex SHA-256 of the file's bytes."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
@@ -149,6 +153,7 @@ class _Objective:
 
 
 def _initial_vector(model, init, seed: int) -> np.ndarray:
+    """The (num_params,) unconstrained start from ``init`` (see :func:`fit_map`), checked for shape and finiteness."""
     if init is None:
         u0 = model.unconstrain(model.initial_params(seed=seed))
     elif isinstance(init, (np.ndarray, list, tuple)):
@@ -191,75 +196,115 @@ def fit_map(
         perturb: standard deviation of the restart perturbation in unconstrained units.
         gtol: projected-gradient tolerance passed to the optimiser.
     """
-    from scipy.optimize import minimize
+    _check_fit_args(method, restarts, maxiter)
+    u_init = _initial_vector(model, init, seed)
+    starts = _restart_starts(u_init, restarts, perturb, seed)
+    t_start = time.perf_counter()
+    objective = _Objective(model)
+    runs = [_run_restart(model, objective, u0, r, restarts, method, maxiter, gtol, progress)
+            for r, u0 in enumerate(starts)]
+    wall = time.perf_counter() - t_start
+    best = max(range(len(runs)), key=lambda i: runs[i]["log_density"])
+    b = runs[best]
+    diagnostics = _diagnostics(model, runs, best, objective, method, wall, seed, maxiter)
+    info = _execution_info(model)
+    result = MAPResult(
+        params=model.constrain(b["u"]),
+        u=b["u"],
+        log_density=b["log_density"],
+        history=b["history"],
+        converged=b["success"],
+        diagnostics=diagnostics,
+        execution_info=info,
+    )
+    if archive is not None:
+        result.save(archive)
+    return result
 
-    gradient_methods = ("L-BFGS-B", "BFGS", "CG", "TNC", "SLSQP", "trust-constr")
-    if method not in gradient_methods:
-        raise ValueError(f"method must be one of {gradient_methods}, got {method!r}")
+
+def _check_fit_args(method: str, restarts, maxiter) -> None:
+    """Raise ValueError for a method outside GRADIENT_METHODS or a non-positive-integer restarts / maxiter."""
+    if method not in GRADIENT_METHODS:
+        raise ValueError(f"method must be one of {GRADIENT_METHODS}, got {method!r}")
     if not isinstance(restarts, (int, np.integer)) or restarts < 1:
         raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
     if not isinstance(maxiter, (int, np.integer)) or maxiter < 1:
         raise ValueError(f"maxiter must be a positive integer, got {maxiter!r}")
-    u_init = _initial_vector(model, init, seed)
+
+
+def _restart_starts(u_init: np.ndarray, restarts: int, perturb: float, seed: int) -> list[np.ndarray]:
+    """Start vectors: ``u_init``, then ``u_init + perturb * N(0, I)`` per further restart (``default_rng(seed)``)."""
     rng = np.random.default_rng(seed)
-    starts = [u_init] + [u_init + perturb * rng.standard_normal(u_init.shape) for _ in range(restarts - 1)]
+    return [u_init] + [u_init + perturb * rng.standard_normal(u_init.shape) for _ in range(restarts - 1)]
 
-    t_start = time.perf_counter()
-    runs = []
-    objective = _Objective(model)
-    for r, u0 in enumerate(starts):
-        history: list[float] = []
-        f0, _ = objective(u0)
-        history.append(-f0)
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
 
-            bar = tqdm(total=maxiter, desc=f"MAP restart {r + 1}/{restarts}", leave=False)
+def _run_restart(model, objective: _Objective, u0: np.ndarray, r: int, restarts: int, method: str, maxiter: int,
+                 gtol: float, progress: bool) -> dict:
+    """One optimiser run from ``u0`` (restart ``r`` of ``restarts``).
 
-        def callback(xk, *args, _h=history, _bar=bar):
-            value = objective.log_density_at(xk)
-            _h.append(value)
-            if _bar is not None:
-                _bar.update(1)
-                _bar.set_postfix(log_density=f"{value:.6g}")
+    Returns the final point, its log density (-inf where value or gradient is not finite) and gradient, the log
+    density history (start, then each accepted iterate), success, message, iterations, and this run's share of
+    the objective's evaluation, rejection and time counters.
+    """
+    from scipy.optimize import minimize
 
-        options = {"maxiter": int(maxiter)}
-        if method in ("L-BFGS-B", "BFGS", "CG", "TNC"):
-            options["gtol"] = gtol
-        evals0, rejected0, seconds0 = objective.num_evaluations, objective.num_rejected, objective.seconds
-        res = minimize(objective, u0, jac=True, method=method, callback=callback, options=options)
+    history: list[float] = []
+    f0, _ = objective(u0)
+    history.append(-f0)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=maxiter, desc=f"MAP restart {r + 1}/{restarts}", leave=False)
+
+    def callback(xk, *args):
+        value = objective.log_density_at(xk)
+        history.append(value)
         if bar is not None:
-            bar.close()
-        value, grad = model.value_and_grad(res.x)
-        grad = np.asarray(grad, dtype=np.float64)
-        finite = bool(np.isfinite(value) and np.isfinite(grad).all())
-        runs.append({
-            "u": np.asarray(res.x, dtype=np.float64),
-            "log_density": float(value) if finite else -np.inf,
-            "grad": grad,
-            "history": np.asarray(history),
-            "success": bool(res.success) and finite,
-            "message": str(res.message),
-            "iterations": int(getattr(res, "nit", len(history) - 1)),
-            "function_evaluations": objective.num_evaluations - evals0,
-            "rejected_nonfinite": objective.num_rejected - rejected0,
-            "seconds_in_value_and_grad": objective.seconds - seconds0,
-        })
-    wall = time.perf_counter() - t_start
+            bar.update(1)
+            bar.set_postfix(log_density=f"{value:.6g}")
 
-    best = max(range(len(runs)), key=lambda i: runs[i]["log_density"])
+    options = {"maxiter": int(maxiter)}
+    if method in ("L-BFGS-B", "BFGS", "CG", "TNC"):
+        options["gtol"] = gtol
+    evals0, rejected0, seconds0 = objective.num_evaluations, objective.num_rejected, objective.seconds
+    res = minimize(objective, u0, jac=True, method=method, callback=callback, options=options)
+    if bar is not None:
+        bar.close()
+    value, grad = model.value_and_grad(res.x)
+    grad = np.asarray(grad, dtype=np.float64)
+    finite = bool(np.isfinite(value) and np.isfinite(grad).all())
+    return {
+        "u": np.asarray(res.x, dtype=np.float64),
+        "log_density": float(value) if finite else -np.inf,
+        "grad": grad,
+        "history": np.asarray(history),
+        "success": bool(res.success) and finite,
+        "message": str(res.message),
+        "iterations": int(getattr(res, "nit", len(history) - 1)),
+        "function_evaluations": objective.num_evaluations - evals0,
+        "rejected_nonfinite": objective.num_rejected - rejected0,
+        "seconds_in_value_and_grad": objective.seconds - seconds0,
+    }
+
+
+def _diagnostics(model, runs: list[dict], best: int, objective: _Objective, method: str, wall: float, seed: int,
+                 maxiter: int) -> dict:
+    """``MAPResult.diagnostics``: the best run's gradient norms, iterations and counts, totals over all runs,
+    the model's guard events, and one summary per restart."""
     b = runs[best]
     evals = sum(r["function_evaluations"] for r in runs)
     guard = model.guard_events() if hasattr(model, "guard_events") else {}
-    diagnostics = {
+    return {
         "grad_norm": float(np.linalg.norm(b["grad"])),
         "grad_max_abs": float(np.max(np.abs(b["grad"]))) if b["grad"].size else 0.0,
         "guard_events": guard,
         "iterations": b["iterations"],
         "function_evaluations": b["function_evaluations"],
         "total_function_evaluations": evals,
-        "seconds_per_evaluation": (objective.seconds / objective.num_evaluations) if objective.num_evaluations else None,
+        "seconds_per_evaluation": (
+            (objective.seconds / objective.num_evaluations) if objective.num_evaluations else None
+        ),
         "rejected_nonfinite": b["rejected_nonfinite"],
         "total_rejected_nonfinite": objective.num_rejected,
         "message": b["message"],
@@ -274,20 +319,13 @@ def fit_map(
         "seed": int(seed),
         "maxiter": int(maxiter),
     }
+
+
+def _execution_info(model) -> dict:
+    """``model.execution_info()`` when the model has one that is not None, else ``msrm.runtime.execution_info()``."""
     info = model.execution_info() if hasattr(model, "execution_info") else None
     if info is None:
         from ..runtime import execution_info
 
         info = execution_info()
-    result = MAPResult(
-        params=model.constrain(b["u"]),
-        u=b["u"],
-        log_density=b["log_density"],
-        history=b["history"],
-        converged=b["success"],
-        diagnostics=diagnostics,
-        execution_info=info,
-    )
-    if archive is not None:
-        result.save(archive)
-    return result
+    return info
