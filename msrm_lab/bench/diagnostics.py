@@ -1,13 +1,12 @@
 """Posterior diagnostics at the note's scale: msrm.diagnostics beside ArviZ on the same draws, in one process.
 
-The note's diagnostics phase took 70-100 s for 15 draws over 57,757 parameters through ArviZ. Here the
-implementations see identical seeded draws (AR(1) chains whose autocorrelation varies by parameter, so ESS and
+The note's diagnostics phase ran ArviZ on 15 draws of 57,757 parameters. Here the implementations see identical
+seeded draws (AR(1) chains whose autocorrelation varies by parameter, so ESS and
 R-hat are not trivial): ``msrm.diagnostics.summarize`` on every parameter, ``arviz.summary`` on every parameter or,
 where that would take too long for the profile, on a leading subset, reported per parameter. The subset also yields
-the largest relative difference between the two (an agreement fingerprint, expected <= 1e-8). ``msrm_seconds`` is
-the default engine (the compiled kernels when Numba is installed); the NumPy engine is timed beside it on the same
-draws (``msrm_numpy_engine_seconds``), and the first call of the default engine, which compiles the kernels or
-loads them from Numba's cache, is recorded on its own (``msrm_first_call_seconds``).
+the largest relative difference between the two (an agreement fingerprint, expected <= 1e-8). The first call of
+``msrm.diagnostics``, which compiles its Numba kernels or loads them from Numba's cache, is recorded on its own
+(``msrm_first_call_seconds``).
 """
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "note": dict(n_params=57_757, cases=[("target", 4, 1000), ("note_case", 1, 15)], arviz_params=1000),
     "full": dict(n_params=57_757, cases=[("target", 4, 1000), ("note_case", 1, 15)], arviz_params=None),
 }
-TARGET_S = 5.0  # issue 6: 57,757 parameters x 4 chains x 1000 draws in <= 5 s on the 2-core machine
+TARGET_S = 5.0  # the target: 57,757 parameters x 4 chains x 1000 draws in <= 5 s on the 2-core machine
 
 
 def ar1_draws(chains: int, draws: int, n_params: int, seed: int = 0) -> np.ndarray:
@@ -99,32 +98,20 @@ def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: 
                 rows.append(make_row(NOTEBOOK, "diagnostics", metric, None, "", status="error", info=info,
                                      **common, **extra, error="NaN patterns differ"))
 
-        engine = diag._resolve_engine("auto")
-        impl = f"msrm.diagnostics[{engine}]"
+        impl = "msrm.diagnostics"
         t0 = time.perf_counter()
         diag.summarize(x[:, :, : min(P, 256)])  # warm the code paths (kernel compilation or cache, FFT plans)
-        row("msrm_first_call_seconds", time.perf_counter() - t0, "s", implementation=impl, engine=engine,
-            warm_params=min(P, 256))
+        row("msrm_first_call_seconds", time.perf_counter() - t0, "s", implementation=impl, warm_params=min(P, 256))
         with PeakMemory() as mem:
             t0 = time.perf_counter()
             ours = diag.summarize(x)
             ours_s = time.perf_counter() - t0
-        row("msrm_seconds", ours_s, "s", implementation=impl, engine=engine)
-        row("msrm_seconds_per_param", ours_s / P, "s", implementation=impl, engine=engine)
+        row("msrm_seconds", ours_s, "s", implementation=impl)
+        row("msrm_seconds_per_param", ours_s / P, "s", implementation=impl)
         if mem.delta_bytes is not None:
-            row("msrm_peak_memory_delta", mem.delta_bytes, "bytes", implementation=impl, engine=engine,
-                memory_method=mem.method)
+            row("msrm_peak_memory_delta", mem.delta_bytes, "bytes", implementation=impl, memory_method=mem.method)
         if case == "target":
-            row("msrm_seconds_over_target", ours_s / TARGET_S, "x", target_s=TARGET_S, engine=engine)
-        if engine != "numpy":  # the NumPy engine on the same draws, for the compiled kernels' speed-up
-            diag.summarize(x[:, :, : min(P, 256)], engine="numpy")
-            t0 = time.perf_counter()
-            alt = diag.summarize(x, engine="numpy")
-            alt_s = time.perf_counter() - t0
-            row("msrm_numpy_engine_seconds", alt_s, "s", implementation="msrm.diagnostics[numpy]", engine="numpy")
-            row("numpy_engine_over_default", alt_s / ours_s, "x", engine=engine)
-            agreement("max_rel_diff_engines", ours, alt, engine=engine)
-            del alt
+            row("msrm_seconds_over_target", ours_s / TARGET_S, "x", target_s=TARGET_S)
 
         n_az = P if cfg["arviz_params"] is None else min(P, cfg["arviz_params"])
         _arviz_summary(x[:, :, :2])  # warm ArviZ too (lazy imports, ufunc set-up)

@@ -9,8 +9,8 @@ monotone sequence on autocovariances computed lag by lag (direct sums) for as lo
 variable whose sequence runs past :data:`MAX_DIRECT_LAG` lags is handed back with its centred rows for the FFT
 path of :mod:`msrm.diagnostics`, so every result is exact whatever the autocorrelation.
 
-The module is imported only when Numba is installed (the ``bayes`` extra); without it :mod:`msrm.diagnostics`
-uses its NumPy engine. The kernels release the GIL, so blocks run concurrently on a thread pool.
+It needs Numba (the ``bayes`` extra); :mod:`msrm.diagnostics` imports it on its first call. The kernels release
+the GIL, so blocks run concurrently on a thread pool.
 """
 from __future__ import annotations
 
@@ -347,7 +347,7 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_m
 
     Args:
         x: (P, C, D) float64 draws.
-        table: normal scores of the ranks 1, 1.5, ..., N (N = 2 C (D // 2)), ``diagnostics._z_table``.
+        table: normal scores of the ranks 1, 1.5, ..., N (N = 2 C (D // 2)), index ``2 r - 2`` for rank r.
         probs: (2,) tail probabilities.
     Outputs (written):
         stats: (P, N_STATS) mean, variance (ddof 1), q05, q95, R-hat (NaN for one chain), mean of the squared
@@ -357,8 +357,8 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_m
         pending: (P, N_VARS) bool: Geyer's sequence ran past :data:`MAX_DIRECT_LAG`.
         pending_rows: (P N_VARS, R, h) the centred rows of the pending variables, in (parameter, variable) order;
         pending_means: (P N_VARS, R) their row means.
-        finite: (P,) bool: every draw of the parameter is finite; nothing else is written for a parameter that
-            is not.
+        finite: (P,) bool: every draw of the parameter is finite; for a parameter that is not, only ``pending``
+            (all False) is written besides.
     Returns the number of pending variables.
     """
     P, C, D = x.shape
@@ -388,6 +388,7 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_m
         total_sum, ok = _moments(xp)
         finite[p] = ok
         if not ok:
+            pending[p, :] = False  # the buffers are re-used: a stale flag would claim rows never written
             continue
         mean = total_sum / (C * D)
         # split draws: chain c's halves are rows 2c and 2c + 1
