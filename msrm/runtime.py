@@ -11,6 +11,7 @@ NumPy-only process (R-MSRM) reports ``backend="numpy"``.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime as _dt
 import functools
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = [
     "enable_x64",
@@ -28,6 +29,9 @@ __all__ = [
     "execution_info",
     "blas_threads",
     "blas_limit",
+    "callback_threads",
+    "callback_thread_count",
+    "callback_blas_limit",
     "physical_cores",
     "blas_info",
     "check_oversubscription",
@@ -43,7 +47,8 @@ class OversubscriptionWarning(RuntimeWarning):
     """BLAS threads exceed the physical cores, or a CPU callback runs on an oversubscribed pool."""
 
 
-_STATE: dict[str, Any] = {"blas_threads": None, "platform": None, "preallocate": None, "host_memory": None}
+_STATE: dict[str, Any] = {"blas_threads": None, "platform": None, "preallocate": None, "host_memory": None,
+                          "callback_threads": None}
 
 HOST_MEMORY_MODES = ("reuse", "system")
 
@@ -75,8 +80,8 @@ def set_host_memory(mode: str) -> bool:
     ``"reuse"``: large blocks come from the heap and freed ones are kept for the next call
     (``mallopt(M_MMAP_MAX, 0)``, trim threshold at its maximum). A jitted likelihood allocates the same
     (NK)^2 buffers on every call; glibc's own policy maps every block above 32 MiB freshly and returns it on
-    free, so each call page-faults those buffers in again (on this project's 2-core machine that was about a
-    third of a one-eighth GP value+gradient). The cost: memory freed by a call stays in the process until
+    free, so each call page-faults those buffers in again (``msrm_lab.bench.gp`` measures the difference,
+    rows ``experiment="host_memory"``). The cost: memory freed by a call stays in the process until
     :func:`release_host_memory` (the benchmarks' peak-memory probe calls it first).
 
     ``"system"``: glibc's steady-state policy restored explicitly (blocks above 32 MiB mapped per allocation,
@@ -180,8 +185,8 @@ def blas_limit(n: int):
     OpenBLAS built with pthreads has one process-wide thread count. threadpoolctl (3.7 and later) lets only one
     thread change it, the first that set a limit, and silently ignores the others. After
     :func:`configure` with ``blas_threads`` that thread is the main one for good, while JAX runs host callbacks
-    on threads of its own: a limit set there did nothing, and the state-space host filter then ran its small
-    products on several OpenBLAS threads (value+gradient 10 to 20 times slower on two cores). So control is
+    on threads of its own, where a limit would otherwise do nothing (and small products, such as the
+    state-space host filter's, would run on several OpenBLAS threads, which is slower for them). So control is
     handed to the calling thread first; leaving the context restores the previous count.
     """
     import threadpoolctl
@@ -191,6 +196,43 @@ def blas_limit(n: int):
     if clear is not None:
         clear(force=True)
     return controller.limit(limits=int(n), user_api="blas")
+
+
+@contextlib.contextmanager
+def callback_threads(n: int) -> Iterator[None]:
+    """Give msrm's host LAPACK callbacks ``n`` BLAS threads while the ``with`` block is open (benchmarks sweep it).
+
+    The count is process-wide and read when a callback executes, on one of JAX's threads; JAX dispatches
+    asynchronously, so block on the results inside the block. Blocks nest: leaving one restores the count that
+    was in force when it was entered. They are not meant to be entered from several threads at once. Models use
+    :func:`configure` (``blas_threads=``) instead.
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"callback_threads: n must be a positive integer, got {n!r}")
+    previous = _STATE["callback_threads"]
+    _STATE["callback_threads"] = n
+    try:
+        yield
+    finally:
+        _STATE["callback_threads"] = previous
+
+
+def callback_thread_count() -> int:
+    """BLAS threads the host LAPACK callbacks use now: a :func:`callback_threads` count, else :func:`blas_threads`."""
+    n = _STATE["callback_threads"]
+    return n if n is not None else blas_threads()
+
+
+@contextlib.contextmanager
+def callback_blas_limit(context: str = "LAPACK callback") -> Iterator[None]:
+    """Context for a host callback's dense work: BLAS on :func:`callback_thread_count` threads
+    (:func:`blas_limit`), with an :class:`OversubscriptionWarning` naming ``context`` when that exceeds the
+    physical cores."""
+    n = callback_thread_count()
+    if n > physical_cores():
+        check_oversubscription(n, context=context)
+    with blas_limit(n):
+        yield
 
 
 @functools.lru_cache(maxsize=1)

@@ -10,9 +10,13 @@ A guarded factorization of dimension ``n`` with ``r`` right-hand sides holds, at
 * ``PEAK_PANELS = 3`` float64 (n, r) panels: ``V``, ``A = M^{-1} V`` and ``dV``;
 
 so ``predict_peak_bytes(n, r) = 8 * (6 n^2 + 3 n r) + extra``. ``extra`` is for what the caller keeps alive
-beside it (covariance assembly, sufficient statistics). The count is checked against a measured peak in
-``msrm_lab.bench.linalg`` (row ``experiment="memory_prediction"``): at n = 2727 on CPU one value+gradient raised
-the resident peak by about 4.1 (callback) and 4.2 to 5.3 (native) matrices above the resident input.
+beside it (covariance assembly, sufficient statistics). :func:`likelihood_peak_bytes` builds the dense/grouped
+likelihood's peak on it. These two functions are the one memory model: the guards (:func:`check_factorization`
+for one factorization, the model's guard for the likelihood) and the benchmark that measures the peak against
+the prediction (``msrm_lab.bench.linalg``, rows ``experiment="memory_prediction"``) all call them.
+
+The guards run where the sizes are known, before JAX traces anything: the model at construction,
+:func:`msrm.gp.linalg.quad_logdet` on an eager call.
 
 Free memory is ``MemAvailable`` from ``/proc/meminfo`` on the CPU (psutil elsewhere) and ``bytes_limit -
 bytes_in_use`` from ``device.memory_stats()`` on an accelerator. ``MSRM_MEMORY_LIMIT_BYTES`` (environment) or
@@ -29,8 +33,10 @@ __all__ = [
     "PEAK_MATRICES",
     "PEAK_PANELS",
     "ENV_LIMIT",
+    "dense_bytes",
     "predict_peak_bytes",
     "likelihood_peak_bytes",
+    "check_factorization",
     "available_bytes",
     "memory_limit",
     "check_memory",
@@ -40,6 +46,7 @@ PEAK_MATRICES = 6
 PEAK_PANELS = 3
 ENV_LIMIT = "MSRM_MEMORY_LIMIT_BYTES"
 _GB = 1e9
+_FLOAT64_BYTES = 8
 
 
 class MemoryGuardError(MemoryError, ValueError):
@@ -55,6 +62,14 @@ def _check_count(name: str, value: Any, minimum: int) -> int:
     return value
 
 
+def dense_bytes(*shape: int) -> int:
+    """Bytes of one float64 array of ``shape``, e.g. ``dense_bytes(n, n)`` for an (n, n) matrix."""
+    count = 1
+    for d in shape:
+        count *= _check_count("shape", d, 0)
+    return _FLOAT64_BYTES * count
+
+
 def predict_peak_bytes(dim: int, n_rhs: int = 1, extra: int = 0) -> int:
     """Peak bytes of one guarded factorization value+gradient: ``8 (6 dim^2 + 3 dim n_rhs) + extra``.
 
@@ -66,7 +81,7 @@ def predict_peak_bytes(dim: int, n_rhs: int = 1, extra: int = 0) -> int:
     dim = _check_count("dim", dim, 1)
     n_rhs = _check_count("n_rhs", n_rhs, 0)
     extra = _check_count("extra", extra, 0)
-    return 8 * (PEAK_MATRICES * dim * dim + PEAK_PANELS * dim * n_rhs) + extra
+    return PEAK_MATRICES * dense_bytes(dim, dim) + PEAK_PANELS * dense_bytes(dim, n_rhs) + extra
 
 
 def likelihood_peak_bytes(node_counts, n_factors: int) -> tuple[int, int]:
@@ -83,11 +98,24 @@ def likelihood_peak_bytes(node_counts, n_factors: int) -> tuple[int, int]:
     extra, largest = 0, 0
     for N in node_counts:
         N = _check_count("node count", N, 1)
-        extra += 8 * (2 * (N * K) ** 2 + 2 * K * N * N)
+        extra += 2 * dense_bytes(N * K, N * K) + 2 * dense_bytes(K, N, N)
         largest = max(largest, N * K)
     if largest == 0:
         raise ValueError("node_counts must name at least one run")
     return predict_peak_bytes(largest, 1, extra=extra), largest
+
+
+def check_factorization(dim: int, n_rhs: int = 1, *, device: Any = None) -> int:
+    """Refuse (``MemoryGuardError``) one guarded factorization of dimension ``dim`` that would not fit.
+
+    :func:`check_memory` of :func:`predict_peak_bytes` ``(dim, n_rhs)``; returns the predicted bytes.
+
+    Args:
+        dim: matrix dimension n. n_rhs: right-hand-side columns r.
+        device: where it would run (``None``: host).
+    """
+    return check_memory(predict_peak_bytes(dim, n_rhs), what=f"the guarded factorization of dimension {dim}",
+                        dim=dim, device=device)
 
 
 def _meminfo_available() -> int | None:
