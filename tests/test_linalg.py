@@ -20,6 +20,7 @@ from jax.test_util import check_grads  # noqa: E402
 
 from msrm.gp import linalg  # noqa: E402
 from msrm.gp.linalg import quad_logdet  # noqa: E402
+from msrm_lab.bench.linalg import potrf_potri_callback  # noqa: E402
 
 METHODS = ["callback", "native"]
 
@@ -236,7 +237,7 @@ def test_callback_thread_limit_and_oversubscription_warning():
 
 def test_potrf_potri_callback_matches_numpy():
     M = spd(20, seed=11)
-    L, Minv = jax.jit(linalg.potrf_potri_callback)(jnp.asarray(M))
+    L, Minv = jax.jit(potrf_potri_callback)(jnp.asarray(M))
     np.testing.assert_allclose(np.asarray(L), np.linalg.cholesky(M), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(np.asarray(Minv), np.linalg.inv(M), rtol=1e-10, atol=1e-13)
 
@@ -326,7 +327,7 @@ def test_auto_method_avoids_the_callback_with_one_cpu(monkeypatch):
     from msrm.gp import linalg
 
     monkeypatch.setattr(runtime, "physical_cores", lambda: 1)
-    assert linalg._resolve("auto") == "native"
-    assert linalg._resolve("callback") == "callback"  # asked for explicitly: kept
+    assert linalg.resolve_method("auto") == "native"
+    assert linalg.resolve_method("callback") == "callback"  # asked for explicitly: kept
     monkeypatch.setattr(runtime, "physical_cores", lambda: 2)
-    assert linalg._resolve("auto") == ("callback" if jax.default_backend() == "cpu" else "native")
+    assert linalg.resolve_method("auto") == ("callback" if jax.default_backend() == "cpu" else "native")

@@ -11,8 +11,10 @@ during the repeats. Float32 rows (matmul precision ``"highest"`` against ``"defa
 GPU; elsewhere they are recorded as ``not_yet_measured`` with the reason.
 
 Also here: :func:`potrf_potri_floor`, the median seconds of SciPy POTRF+POTRI under a BLAS thread limit (the
-floor a GP value+gradient is compared with), and :func:`memory_prediction_rows`, which checks
-:func:`msrm.gp.memory.predict_peak_bytes` against a measured peak.
+floor a GP value+gradient is compared with); :func:`potrf_potri_callback`, the same two calls inside
+``jax.pure_callback`` (the ``threads`` notebook times it against the direct calls); and
+:func:`memory_prediction_rows`, which checks the library's memory model (:func:`msrm.gp.memory.predict_peak_bytes`,
+the function the guard calls) against a measured peak.
 
 Nominal flops: matmul 2n^3, Cholesky n^3/3, LU 2n^3/3, Cholesky-inverse n^3/3 + 2n^3 (two triangular solves
 with n right-hand sides).
@@ -38,6 +40,7 @@ __all__ = [
     "raw_linalg_rows",
     "float32_rows",
     "potrf_potri_floor",
+    "potrf_potri_callback",
     "memory_prediction_rows",
     "run",
 ]
@@ -210,26 +213,75 @@ def potrf_potri_floor(n: int, threads: int | None = None, repeats: int = 5, seed
     return med
 
 
+def potrf_potri_callback(M):
+    """``(L, M^{-1})`` by LAPACK POTRF then POTRI inside ``jax.pure_callback`` (benchmarks and checks).
+
+    BLAS runs under :func:`msrm.runtime.callback_blas_limit`, as in the library's callback.
+
+    Args:
+        M: (n, n) symmetric positive definite float64, or a batch (..., n, n) under ``vmap``.
+    Returns:
+        L (n, n) lower Cholesky factor (NaN if not positive definite), Minv (n, n) full symmetric inverse.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from msrm.gp.linalg.lapack import fill_lower_from_upper
+    from msrm.runtime import callback_blas_limit
+
+    n = M.shape[-1]
+
+    def one(Mi):
+        from scipy.linalg import lapack
+
+        U, info = lapack.dpotrf(Mi, lower=0, clean=1, overwrite_a=0)
+        if info != 0:
+            nan = np.full(Mi.shape, np.nan)
+            return nan, nan
+        Ui, _ = lapack.dpotri(U, lower=0, overwrite_c=0)
+        return U.T, fill_lower_from_upper(Ui).T
+
+    def host(Mh):
+        Mh = np.asarray(Mh, dtype=np.float64)
+        with callback_blas_limit():
+            if Mh.ndim == 2:
+                return one(Mh)
+            L = np.empty(Mh.shape)
+            Minv = np.empty(Mh.shape)
+            for idx in np.ndindex(*Mh.shape[:-2]):
+                L[idx], Minv[idx] = one(Mh[idx])
+        return L, Minv
+
+    spec = jax.ShapeDtypeStruct((n, n), jnp.float64)
+    return jax.pure_callback(host, (spec, spec), M, vmap_method="broadcast_all")
+
+
 def memory_prediction_rows(n: int, *, methods=("callback", "native"), profile: str = "quick",
                            seed: int = 0) -> list[dict]:
-    """Measured resident peak of one ``quad_logdet`` value+gradient (both paths) beside the prediction."""
+    """Measured resident peak of one ``quad_logdet`` value+gradient (both paths) beside the prediction.
+
+    The prediction is :func:`msrm.gp.memory.predict_peak_bytes` of the call's own sizes, the model the guard
+    uses; the measured value is the rise of the resident peak plus the resident input ``M``, which the
+    prediction counts.
+    """
     import jax
     import jax.numpy as jnp
 
     from msrm.gp.linalg import quad_logdet
-    from msrm.gp.memory import PEAK_MATRICES, predict_peak_bytes
+    from msrm.gp.memory import PEAK_MATRICES, dense_bytes, predict_peak_bytes
 
     info = execution_info()
-    M = jnp.asarray(spd_matrix(int(n), seed))
-    V = jnp.ones((int(n), 1))
+    n = int(n)
+    M = jnp.asarray(spd_matrix(n, seed))
+    V = jnp.ones((n, 1))
+    predicted = predict_peak_bytes(*V.shape)
+    resident = dense_bytes(*M.shape)  # M is resident before the call and counted by the prediction
     rows = []
     for method in methods:
         f = jax.jit(jax.value_and_grad(lambda Mx, m=method: sum(quad_logdet(Mx, V, method=m)[:2])))
         block(f(M))
         peak = peak_rss_delta(lambda: f(M))
-        predicted = predict_peak_bytes(int(n), 1)
-        resident = 8 * int(n) * int(n)  # M is resident before the call and counted by the prediction
-        common = dict(n=int(n), method=method, predicted_bytes=predicted, matrices_counted=PEAK_MATRICES,
+        common = dict(n=n, method=method, predicted_bytes=predicted, matrices_counted=PEAK_MATRICES,
                       resident_input_bytes=resident, profile=profile,
                       definition="rise of the resident peak (VmHWM) during one warm value+gradient, plus the "
                                  "resident input M")

@@ -8,6 +8,7 @@ experiment            what runs
 ====================  =================================================================================
 direct_potrf_potri    SciPy ``dpotrf`` + ``dpotri`` called directly under ``threadpool_limits``
 callback_potrf_potri  the same two calls inside ``jax.pure_callback`` in a jitted JAX function
+                      (:func:`msrm_lab.bench.linalg.potrf_potri_callback`)
 quad_logdet_callback  ``msrm.gp.linalg.quad_logdet`` value + gradient in M, LAPACK callback path
 quad_logdet_native    ``quad_logdet`` value + gradient, native path
 native_chol_inverse   ``jnp.linalg.cholesky`` then ``cho_solve`` against the identity
@@ -34,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from msrm.runtime import execution_info, physical_cores
-from .linalg import peak_rss_delta, spd_matrix
+from msrm.runtime import callback_threads, execution_info, physical_cores
+from .linalg import peak_rss_delta, potrf_potri_callback, spd_matrix
 from .measure import block
 from .rows import make_row, write_rows
 
@@ -110,7 +111,7 @@ def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "qui
     def vg(method):
         return jax.jit(jax.value_and_grad(lambda Mx: sum(linalg.quad_logdet(Mx, V, method=method)[:2])))
 
-    callback_pp = jax.jit(linalg.potrf_potri_callback)
+    callback_pp = jax.jit(potrf_potri_callback)
     quad_cb = vg("callback")
     rows: list[dict] = []
 
@@ -135,7 +136,7 @@ def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "qui
         first = len(rows)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with threadpool_limits(limits=threads, user_api="blas"), linalg.callback_threads(threads):
+            with threadpool_limits(limits=threads, user_api="blas"), callback_threads(threads):
                 res = _interleaved(fns, min(repeats, 2) if over else repeats, budget_s)
                 for name, fn in fns.items():
                     emit(name, fn, *res[name], peak=not over, threads=threads, oversubscribed=over)
