@@ -44,7 +44,7 @@ import pandas as pd
 from scipy import fft as _fft
 from scipy import special as _special
 
-if importlib.util.find_spec("numba") is None:
+if importlib.util.find_spec("numba") is None:  # installed? (checked without importing it: that waits for a call)
     raise ImportError(
         "msrm.diagnostics needs Numba, which the 'bayes' extra installs: pip install 'msrm[bayes]'"
     )
