@@ -23,10 +23,15 @@ from typing import Any, Iterator
 import numpy as np
 
 from .. import atomic
+from ..runtime import execution_info
+from .idata import build_inference_data, observed_summary, physical_draws, save_netcdf
+from .map import fit_map
 
 __all__ = ["sample", "Posterior", "save_checkpoint", "load_checkpoint", "device_identity", "DeviceMismatchError"]
 
 CHAIN_METHODS = ("sequential", "vectorized", "parallel")
+# NumPyro extra fields collected in the sampling phase (the sample stats of the InferenceData)
+SAMPLE_FIELDS = ("num_steps", "energy", "adapt_state.step_size", "accept_prob", "potential_energy")
 _COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -95,8 +100,6 @@ def _compile_seconds() -> Iterator[list]:
 
 def device_identity() -> dict:
     """What a warm-up checkpoint binds to: backend, device kind, device list and float width."""
-    from ..runtime import execution_info
-
     info = execution_info(include_jax=True)
     return {k: info.get(k) for k in ("backend", "device_kind", "devices", "dtype")}
 
@@ -122,8 +125,6 @@ def save_checkpoint(path: str | Path, state, settings: dict) -> Path:
     leaves, _ = jax.tree_util.tree_flatten_with_path(state)
     arrays = {jax.tree_util.keystr(k): np.asarray(v) for k, v in leaves}
     atomic.write_npz(npz, arrays)
-    from ..runtime import execution_info
-
     meta = {
         "format": "msrm.nuts_warmup/1",
         "settings": settings,
@@ -186,8 +187,6 @@ def _starts(model, init, num_chains: int, seed: int, init_jitter: float, progres
     rng = np.random.default_rng([seed, 7])
     if isinstance(init, str):
         if init == "map":
-            from .map import fit_map
-
             map_result = fit_map(model, seed=seed, progress=progress)
             base = map_result.u
         elif init == "prior":
@@ -201,12 +200,6 @@ def _starts(model, init, num_chains: int, seed: int, init_jitter: float, progres
 
 
 # ------------------------------------------------------------------------------------------ sample
-
-
-def _check_settings(saved: dict, now: dict, where: Path) -> None:
-    for k, v in now.items():
-        if k in saved and saved[k] != v:
-            raise ValueError(f"checkpoint {where}: {k}={saved[k]!r} was saved, this call has {k}={v!r}")
 
 
 def sample(
@@ -249,10 +242,90 @@ def sample(
             take under 256 MB.
     """
     import jax
-    import jax.numpy as jnp
-    from numpyro.infer import MCMC, NUTS
 
-    from ..runtime import execution_info
+    _check_arguments(model, num_warmup, num_samples, num_chains, chain_method, max_tree_depth, pointwise_loglik)
+    timings: dict[str, float] = {}
+    t_total = time.perf_counter()
+    settings = _sampler_settings(model, num_warmup, num_chains, chain_method, max_tree_depth, dense_mass,
+                                 target_accept_prob, seed)
+    resume = _resumable(checkpoint, settings, allow_device_change)  # refuses before any numerics
+
+    with _timed(timings, "initialisation"):
+        import arviz  # noqa: F401  (imported here so its one-time import cost is not booked as draw conversion)
+
+        if resume:
+            starts, map_result = None, None
+        else:
+            starts, map_result = _checked_starts(model, init, num_chains, seed, init_jitter, progress)
+        kernel, mcmc = _nuts(model, num_warmup, num_samples, num_chains, chain_method, max_tree_depth, dense_mass,
+                             target_accept_prob, progress)
+    rng_key = jax.random.PRNGKey(seed)
+
+    if resume:
+        state = _resumed_state(kernel, mcmc, checkpoint, num_chains, chain_method, model.num_params, num_warmup,
+                               rng_key)
+        init_params, warmup_compile, warm_steps = state.z, 0.0, None
+        timings["warmup"] = 0.0
+    else:
+        state, init_params, wall, warmup_compile, warm_steps = _warm_up(mcmc, model, starts, num_chains, num_warmup,
+                                                                        rng_key, collect_warmup_stats)
+        timings["warmup"] = wall - warmup_compile
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, state, settings)
+
+    samples, wall, sampling_compile = _run_sampling(mcmc, state, init_params)
+    timings["sampling"] = wall - sampling_compile
+    timings["compilation"] = warmup_compile + sampling_compile
+
+    with _timed(timings, "draw_conversion"):
+        draws_u, stats = _draws_and_stats(samples, mcmc)
+        physical = physical_draws(model, draws_u)
+    with _timed(timings, "pointwise_loglik"):
+        loglik = _pointwise_loglik(model, draws_u) if pointwise_loglik else None
+
+    num_leapfrog = int(stats["n_steps"].sum())
+    per_leapfrog = _seconds_per_leapfrog(stats["n_steps"], timings["sampling"], chain_method, num_chains)
+    info = model.execution_info() if hasattr(model, "execution_info") else execution_info(include_jax=True)
+    observed = _observed(model)
+    sampler = {**settings, "num_samples": int(num_samples), "chain_method_used": str(mcmc.chain_method),
+               "num_leapfrog": num_leapfrog, "num_leapfrog_warmup": warm_steps, "resumed": bool(resume),
+               "seconds_per_leapfrog": per_leapfrog}
+
+    with _timed(timings, "draw_conversion"):
+        idata = build_inference_data(model, draws_u, stats, log_likelihood=loglik, observed=observed,
+                                     attrs={"execution_info": info, "sampler": sampler}, physical=physical)
+    with _timed(timings, "diagnostics"):
+        summary = _summary(idata) if diagnostics else None
+    timings["total"] = time.perf_counter() - t_total
+    for group in idata.groups():
+        idata[group].attrs["timings"] = json.dumps(timings)
+    if archive is not None:
+        save_netcdf(idata, archive)
+    return Posterior(
+        inference_data=idata, timings=timings, execution_info=info, num_leapfrog=num_leapfrog,
+        num_leapfrog_warmup=warm_steps, seconds_per_leapfrog=per_leapfrog, draws_u=draws_u, summary=summary,
+        chain_method=str(mcmc.chain_method), resumed=bool(resume), map_result=map_result, sample_stats=stats,
+    )
+
+
+# ------------------------------------------------------------------------------------------ steps of sample
+
+
+@contextlib.contextmanager
+def _timed(timings: dict, phase: str) -> Iterator[None]:
+    """Add the wall seconds of the block to ``timings[phase]`` (starting from 0)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[phase] = timings.get(phase, 0.0) + (time.perf_counter() - t0)
+
+
+def _check_arguments(model, num_warmup, num_samples, num_chains, chain_method, max_tree_depth,
+                     pointwise_loglik) -> None:
+    """Raise ValueError for a bad count or tree depth, an unknown chain method, pointwise log-likelihood asked of a
+    model without ``pointwise_log_likelihood``, or JAX running without float64."""
+    import jax
 
     for name, v, lo in (("num_warmup", num_warmup, 0), ("num_samples", num_samples, 1), ("num_chains", num_chains, 1),
                         ("max_tree_depth", max_tree_depth, 1)):
@@ -265,36 +338,56 @@ def sample(
     if not jax.config.jax_enable_x64:
         raise ValueError("float64 is the numerical contract: call msrm.runtime.enable_x64() before sampling")
 
-    timings: dict[str, float] = {}
-    t_total = time.perf_counter()
-    settings = {
+
+def _sampler_settings(model, num_warmup, num_chains, chain_method, max_tree_depth, dense_mass, target_accept_prob,
+                      seed) -> dict:
+    """The settings a warm-up checkpoint is bound to (and recorded in the ``sampler`` attribute)."""
+    return {
         "num_params": int(model.num_params), "num_warmup": int(num_warmup), "num_chains": int(num_chains),
         "chain_method": chain_method, "max_tree_depth": int(max_tree_depth), "dense_mass": bool(dense_mass),
         "target_accept_prob": float(target_accept_prob), "seed": int(seed),
     }
-    ckpt_json = _ckpt_paths(checkpoint)[1] if checkpoint is not None else None
-    resume = ckpt_json is not None and ckpt_json.exists()
-    if resume:  # refuse before any numerics
-        meta = json.loads(ckpt_json.read_text())
-        _check_settings(meta.get("settings", {}), settings, ckpt_json)
-        here = device_identity()
-        if meta.get("device_identity") != here and not allow_device_change:
-            raise DeviceMismatchError(
-                f"checkpoint {ckpt_json} was made on {meta.get('device_identity')}, this process runs on {here}; "
-                f"pass allow_device_change=True to resume anyway"
-            )
 
-    # ---- initialisation
-    t0 = time.perf_counter()
-    import arviz  # noqa: F401  (imported here so its one-time import cost is not booked as draw conversion)
-    if resume:
-        starts, map_result = None, None
-    else:
-        starts, map_result = _starts(model, init, num_chains, seed, init_jitter, progress)
-        for c, u in enumerate(starts):
-            v, _ = model.value_and_grad(u)
-            if not np.isfinite(v):
-                raise ValueError(f"init: chain {c} starts where the log density is not finite ({v})")
+
+def _resumable(checkpoint, settings: dict, allow_device_change: bool) -> bool:
+    """True when a checkpoint exists at ``checkpoint``; then its settings must equal ``settings`` (ValueError) and
+    its device identity this process's unless ``allow_device_change`` (DeviceMismatchError)."""
+    ckpt_json = _ckpt_paths(checkpoint)[1] if checkpoint is not None else None
+    if ckpt_json is None or not ckpt_json.exists():
+        return False
+    meta = json.loads(ckpt_json.read_text())
+    _check_settings(meta.get("settings", {}), settings, ckpt_json)
+    here = device_identity()
+    if meta.get("device_identity") != here and not allow_device_change:
+        raise DeviceMismatchError(
+            f"checkpoint {ckpt_json} was made on {meta.get('device_identity')}, this process runs on {here}; "
+            f"pass allow_device_change=True to resume anyway"
+        )
+    return True
+
+
+def _check_settings(saved: dict, now: dict, where: Path) -> None:
+    """Raise ValueError naming the first setting whose saved value differs from this call's."""
+    for k, v in now.items():
+        if k in saved and saved[k] != v:
+            raise ValueError(f"checkpoint {where}: {k}={saved[k]!r} was saved, this call has {k}={v!r}")
+
+
+def _checked_starts(model, init, num_chains: int, seed: int, init_jitter: float, progress: bool):
+    """:func:`_starts`, refusing a chain whose start has a non-finite log density."""
+    starts, map_result = _starts(model, init, num_chains, seed, init_jitter, progress)
+    for c, u in enumerate(starts):
+        v, _ = model.value_and_grad(u)
+        if not np.isfinite(v):
+            raise ValueError(f"init: chain {c} starts where the log density is not finite ({v})")
+    return starts, map_result
+
+
+def _nuts(model, num_warmup, num_samples, num_chains, chain_method, max_tree_depth, dense_mass, target_accept_prob,
+          progress):
+    """(kernel, mcmc): NumPyro NUTS on ``potential_fn(u) = -model.log_density(u)`` and its MCMC driver."""
+    from numpyro.infer import MCMC, NUTS
+
     log_density = model.log_density
 
     def potential_fn(u):
@@ -305,50 +398,57 @@ def sample(
     mcmc = MCMC(kernel, num_warmup=int(num_warmup),
                 num_samples=int(num_samples), num_chains=int(num_chains), chain_method=chain_method,
                 progress_bar=progress)
-    timings["initialisation"] = time.perf_counter() - t0
-    fields = ("num_steps", "energy", "adapt_state.step_size", "accept_prob", "potential_energy")
-    rng_key = jax.random.PRNGKey(seed)
-    compile_s = 0.0
-    warm_steps = None
+    return kernel, mcmc
 
-    # ---- warm-up (or resume)
+
+def _resumed_state(kernel, mcmc, checkpoint, num_chains, chain_method, num_params, num_warmup, rng_key):
+    """The post-warm-up state loaded from ``checkpoint``, set as ``mcmc.post_warmup_state``."""
+    template = _template_state(kernel, mcmc, num_chains, chain_method, num_params, num_warmup, rng_key)
+    state, _meta = load_checkpoint(checkpoint, template)
+    mcmc.post_warmup_state = state
+    return state
+
+
+def _warm_up(mcmc, model, starts, num_chains, num_warmup, rng_key, collect_warmup_stats):
+    """Run NumPyro's warm-up from ``starts``.
+
+    Returns (post-warm-up state, init_params, wall seconds, compile seconds within them, warm-up leapfrog steps or
+    None when warm-up draws were not collected).
+    """
+    import jax
+    import jax.numpy as jnp
+
     t0 = time.perf_counter()
-    if resume:
-        template = _template_state(kernel, mcmc, num_chains, chain_method, model.num_params, num_warmup, rng_key)
-        state, _meta = load_checkpoint(checkpoint, template)
-        mcmc.post_warmup_state = state
-        init_params = state.z
-        timings["warmup"] = 0.0
-    else:
-        init_params = jnp.asarray(starts[0] if num_chains == 1 else starts)
-        if collect_warmup_stats is None:
-            collect_warmup_stats = num_chains * num_warmup * model.num_params * 8 <= 2**28
-        with _compile_seconds() as acc:
-            mcmc.warmup(rng_key, init_params=init_params, extra_fields=("num_steps",),
-                        collect_warmup=bool(collect_warmup_stats) and num_warmup > 0)
-            jax.block_until_ready(mcmc.post_warmup_state)
-        if collect_warmup_stats and num_warmup > 0:
-            warm_steps = int(np.asarray(mcmc.get_extra_fields()["num_steps"]).sum())
-        wall = time.perf_counter() - t0
-        compile_s += min(acc[0], wall)
-        timings["warmup"] = wall - min(acc[0], wall)
-        state = mcmc.post_warmup_state
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, state, settings)
+    warm_steps = None
+    init_params = jnp.asarray(starts[0] if num_chains == 1 else starts)
+    if collect_warmup_stats is None:
+        collect_warmup_stats = num_chains * num_warmup * model.num_params * 8 <= 2**28
+    with _compile_seconds() as acc:
+        mcmc.warmup(rng_key, init_params=init_params, extra_fields=("num_steps",),
+                    collect_warmup=bool(collect_warmup_stats) and num_warmup > 0)
+        jax.block_until_ready(mcmc.post_warmup_state)
+    if collect_warmup_stats and num_warmup > 0:
+        warm_steps = int(np.asarray(mcmc.get_extra_fields()["num_steps"]).sum())
+    wall = time.perf_counter() - t0
+    return mcmc.post_warmup_state, init_params, wall, min(acc[0], wall), warm_steps
 
-    # ---- sampling
+
+def _run_sampling(mcmc, state, init_params):
+    """Sample from the post-warm-up ``state``: (draws grouped by chain, wall seconds, compile seconds within them)."""
+    import jax
+
     t0 = time.perf_counter()
     with _compile_seconds() as acc:
-        mcmc.run(state.rng_key, init_params=init_params, extra_fields=fields)
+        mcmc.run(state.rng_key, init_params=init_params, extra_fields=SAMPLE_FIELDS)
         samples = mcmc.get_samples(group_by_chain=True)
         jax.block_until_ready(samples)
     wall = time.perf_counter() - t0
-    compile_s += min(acc[0], wall)
-    timings["sampling"] = wall - min(acc[0], wall)
-    timings["compilation"] = compile_s
+    return samples, wall, min(acc[0], wall)
 
-    # ---- draw conversion
-    t0 = time.perf_counter()
+
+def _draws_and_stats(samples, mcmc) -> tuple[np.ndarray, dict]:
+    """(chains, draws, num_params) float64 draws and the per-draw sample stats (chains, draws): diverging, n_steps,
+    tree_depth = floor(log2 n_steps) + 1, step_size, energy, acceptance_rate, lp = -potential energy."""
     draws_u = np.asarray(samples, dtype=np.float64)
     if draws_u.ndim == 2:
         draws_u = draws_u[None]
@@ -363,65 +463,48 @@ def sample(
         "acceptance_rate": extra["accept_prob"].astype(np.float64),
         "lp": -extra["potential_energy"].astype(np.float64),
     }
-    from .idata import build_inference_data, physical_draws
+    return draws_u, stats
 
-    physical = physical_draws(model, draws_u)
-    timings["draw_conversion"] = time.perf_counter() - t0
 
-    # ---- pointwise log-likelihood
-    t0 = time.perf_counter()
-    loglik = None
-    if pointwise_loglik:
-        C, S, _ = draws_u.shape
-        loglik = {}
-        for c in range(C):
-            for s in range(S):
-                for k, v in model.pointwise_log_likelihood(draws_u[c, s]).items():
-                    loglik.setdefault(k, np.empty((C, S) + np.shape(v)))[c, s] = v
-    timings["pointwise_loglik"] = time.perf_counter() - t0
+def _pointwise_loglik(model, draws_u: np.ndarray) -> dict:
+    """name -> (chains, draws, *shape) from ``model.pointwise_log_likelihood(u)`` at every draw."""
+    C, S, _ = draws_u.shape
+    loglik = {}
+    for c in range(C):
+        for s in range(S):
+            for k, v in model.pointwise_log_likelihood(draws_u[c, s]).items():
+                loglik.setdefault(k, np.empty((C, S) + np.shape(v)))[c, s] = v
+    return loglik
 
-    num_leapfrog = int(n_steps.sum())
+
+def _seconds_per_leapfrog(n_steps: np.ndarray, sampling_seconds: float, chain_method: str, num_chains: int):
+    """Sampling seconds per leapfrog step (None when there were none).
+
+    Vectorized chains run in lock step until the longest tree of each draw is done, so there the count is the sum
+    over draws of the largest tree; otherwise it is the sum over all chains.
+    """
     if chain_method == "vectorized" and num_chains > 1:
-        lockstep = int(n_steps.max(axis=0).sum())  # the vectorised kernel runs until the longest tree is done
-        per_leapfrog = timings["sampling"] / lockstep if lockstep else None
-    else:
-        per_leapfrog = timings["sampling"] / num_leapfrog if num_leapfrog else None
-    info = model.execution_info() if hasattr(model, "execution_info") else execution_info(include_jax=True)
-    observed = None
+        lockstep = int(n_steps.max(axis=0).sum())
+        return sampling_seconds / lockstep if lockstep else None
+    num_leapfrog = int(n_steps.sum())
+    return sampling_seconds / num_leapfrog if num_leapfrog else None
+
+
+def _observed(model):
+    """The ``observed_data`` summary: ``model.observed_summary()``, else :func:`idata.observed_summary` of
+    ``model.data`` when that is a Dataset, else None."""
     if hasattr(model, "observed_summary"):
-        observed = model.observed_summary()
-    elif hasattr(getattr(model, "data", None), "stream_keys"):
-        from .idata import observed_summary
+        return model.observed_summary()
+    if hasattr(getattr(model, "data", None), "stream_keys"):
+        return observed_summary(model.data)
+    return None
 
-        observed = observed_summary(model.data)
-    sampler = {**settings, "num_samples": int(num_samples), "chain_method_used": str(mcmc.chain_method),
-               "num_leapfrog": num_leapfrog, "num_leapfrog_warmup": warm_steps, "resumed": bool(resume),
-               "seconds_per_leapfrog": per_leapfrog}
 
-    t_conv = time.perf_counter()
-    idata = build_inference_data(model, draws_u, stats, log_likelihood=loglik, observed=observed,
-                                 attrs={"execution_info": info, "sampler": sampler}, physical=physical)
-    timings["draw_conversion"] += time.perf_counter() - t_conv
-    # ---- diagnostics
-    t0 = time.perf_counter()
-    summary = None
-    if diagnostics:
-        from ..diagnostics import summarize
+def _summary(idata):
+    """The diagnostics table of :func:`msrm.diagnostics.summarize`."""
+    from ..diagnostics import summarize
 
-        summary = summarize(idata)
-    timings["diagnostics"] = time.perf_counter() - t0
-    timings["total"] = time.perf_counter() - t_total
-    for group in idata.groups():
-        idata[group].attrs["timings"] = json.dumps(timings)
-    if archive is not None:
-        from .idata import save_netcdf
-
-        save_netcdf(idata, archive)
-    return Posterior(
-        inference_data=idata, timings=timings, execution_info=info, num_leapfrog=num_leapfrog,
-        num_leapfrog_warmup=warm_steps, seconds_per_leapfrog=per_leapfrog, draws_u=draws_u, summary=summary,
-        chain_method=str(mcmc.chain_method), resumed=bool(resume), map_result=map_result, sample_stats=stats,
-    )
+    return summarize(idata)
 
 
 def _template_state(kernel, mcmc, num_chains, chain_method, num_params, num_warmup, rng_key):
