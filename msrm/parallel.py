@@ -74,6 +74,7 @@ def resolve_n_jobs(n_jobs: int | None, n_tasks: int) -> int:
 
 
 def _check(backend: str, client, blas_threads, desc) -> None:
+    """Raise ValueError for an unknown backend, a client without dask, a bad blas_threads or a non-string desc."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if client is not None and backend != "dask":
@@ -87,6 +88,7 @@ def _check(backend: str, client, blas_threads, desc) -> None:
 
 
 def _dask_client(client):
+    """``client`` if given, else the current dask.distributed client; ValueError when dask or a client is missing."""
     try:
         from distributed import get_client
     except ImportError as err:  # pragma: no cover - dask is an optional extra

@@ -106,6 +106,7 @@ def observed_summary(data) -> dict[str, np.ndarray]:
 
 
 def _observed_dims(name: str, ndim: int) -> tuple[str, ...]:
+    """Dims of an observed-summary entry: ``<stream>_feature`` for the per-feature vectors, else generic names."""
     for suffix in ("_n_observed", "_mean", "_sd"):
         if ndim == 1 and name.endswith(suffix):
             return (name[: -len(suffix)] + "_feature",)
@@ -160,7 +161,8 @@ def build_inference_data(
 
     def dataset(arrays, dims_map, lead=2):
         variables, coords = _dataset_parts(arrays, dims_map, lead)
-        data_vars = {k: (("chain", "draw") + dims if lead == 2 else dims, v, at) for k, (dims, v, at) in variables.items()}
+        data_vars = {k: (("chain", "draw") + dims if lead == 2 else dims, v, at)
+                     for k, (dims, v, at) in variables.items()}
         return xr.Dataset(data_vars, coords={**(chain_draw if lead == 2 else {}), **coords}, attrs=a)
 
     groups = {"posterior": dataset(physical, param_dims)}

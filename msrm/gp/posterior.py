@@ -108,6 +108,7 @@ def device_identity() -> dict:
 
 
 def _ckpt_paths(path: str | Path) -> tuple[Path, Path]:
+    """(``<stem>.npz``, ``<stem>.json``) of a checkpoint path given with or without either suffix."""
     p = Path(path)
     stem = p.with_suffix("") if p.suffix in (".npz", ".json") else p
     return stem.with_suffix(".npz"), stem.with_suffix(".json")
@@ -170,6 +171,7 @@ def load_checkpoint(path: str | Path, template) -> tuple[Any, dict]:
 
 
 def _as_vector(model, value) -> np.ndarray:
+    """The (num_params,) unconstrained vector of a MAPResult, a vector, or Params (``model.unconstrain``)."""
     if hasattr(value, "u") and not hasattr(value, "flatten"):  # a MAPResult
         value = value.u
     if isinstance(value, (np.ndarray, list, tuple)):

@@ -48,7 +48,8 @@ class RFit:
         execution_info: ``msrm.runtime.execution_info()`` of the process that ran the fit.
         spec: the ModelSpec.
         roughness: lambda used.
-        settings: the fit's arguments (objective, latent_solver, max_iter, tol, seed, backend, n_jobs).
+        settings: the fit's arguments (objective, latent_solver, max_iter, tol, seed, restarts, backend,
+            n_jobs).
         diagnostics: events worth knowing (ridge fallbacks in the latent solve), never silent.
     """
 

@@ -56,30 +56,22 @@ def restart_tasks(seed: int, restarts: int) -> list[dict]:
 
 
 def _rng(task: dict) -> np.random.Generator:
+    """The generator of one restart: child ``task["restart"]`` of ``SeedSequence(task["seed"])``."""
     child = np.random.SeedSequence(task["seed"]).spawn(task["restart"] + 1)[task["restart"]]
     return np.random.default_rng(child)
 
 
 def _objective(prep: Prepared, state: RState, stats, mode: str) -> float:
+    """J by the chosen objective: from ``stats`` (reuse) or from explicit residuals (dense)."""
     return objective_reuse(prep, state, stats) if mode == "reuse" else objective_dense(prep, state)
 
 
 def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: int, tol: float, objective: str,
                 latent_solver: str, progress: bool = False) -> RestartResult:
     """Run one restart from its seeded initial point (convention.py) to convergence or max_iter."""
-    rng = _rng(task)
-    Z = convention.whiten(convention.initial_latents(base_latents, rng, task["restart"]))[0]
-    theta = convention.initial_theta(prep, rng, task["restart"])
-    state = RState(Z=Z, W={}, b={}, var={}, theta=theta)
-    latents = slot_latents(prep, state)
-    W, b, q = update_loadings(prep, state, latents)
-    state = state._replace(W=W, b=b)
-    if objective == "dense":
-        q = residual_sum_squares(prep, state, latents)
-    state = state._replace(var=update_noise(prep, state, q))
+    state = _initial_state(prep, base_latents, task, objective)
     stats = compute_stats(prep, state)
-    J = _objective(prep, state, stats, objective)
-    history = [J]
+    history = [_objective(prep, state, stats, objective)]
     steps = []
     timings = {p: [] for p in PHASES}
     diagnostics: list = []
@@ -89,49 +81,11 @@ def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: in
     bar = tqdm(total=max_iter, desc=f"restart {task['restart']}", disable=not progress, leave=False)
     try:
         for it in range(max_iter):
-            t = {p: 0.0 for p in PHASES}
-            row = []
-            # 1. latents
-            t0 = time.perf_counter()
-            Znew = solve_latents(prep, state, stats, latent_solver, diagnostics)
-            state = state._replace(Z=Znew)
-            t1 = time.perf_counter()
-            row.append(_objective(prep, state, stats, objective))
-            t2 = time.perf_counter()
-            state = state._replace(Z=convention.whiten(state.Z)[0])
-            latents = slot_latents(prep, state)
-            t3 = time.perf_counter()
-            t["latent"] += (t1 - t0) + (t3 - t2)
-            t["objective"] += t2 - t1
-            # 2. loadings and intercepts
-            W, b, q = update_loadings(prep, state, latents)
-            state = state._replace(W=W, b=b)
-            t4 = time.perf_counter()
-            t["loadings"] += t4 - t3
-            if objective == "dense":
-                q = residual_sum_squares(prep, state, latents)
-                row.append(objective_dense(prep, state))
-            else:
-                row.append(_feature_objective(prep, state, q))
-            t5 = time.perf_counter()
-            t["objective"] += t5 - t4
-            # 3. noise
-            state = state._replace(var=update_noise(prep, state, q))
-            t6 = time.perf_counter()
-            t["noise"] += t6 - t5
-            stats = compute_stats(prep, state)
-            J_noise = _objective(prep, state, stats, objective)
-            row.append(J_noise)
-            t7 = time.perf_counter()
-            t["objective"] += t7 - t6
-            # 4. response parameters
-            theta, J_new, _ = update_response(prep, state, stats, J_noise, objective)
-            state = state._replace(theta=theta)
-            row.append(J_new)
-            t["response"] += time.perf_counter() - t7
+            state, stats, row, t = _iteration(prep, state, stats, objective, latent_solver, diagnostics)
             for p in PHASES:
                 timings[p].append(t[p])
             steps.append(row)
+            J_new = row[-1]
             history.append(J_new)
             bar.update(1)
             if not math.isfinite(J_new):
@@ -150,6 +104,70 @@ def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: in
         n_iter=len(steps),
         diagnostics=diagnostics,
     )
+
+
+def _initial_state(prep: Prepared, base_latents: tuple, task: dict, objective: str) -> RState:
+    """The restart's seeded whitened latents and theta (convention.py), with loadings, intercepts and noise fitted
+    to them."""
+    rng = _rng(task)
+    Z = convention.whiten(convention.initial_latents(base_latents, rng, task["restart"]))[0]
+    theta = convention.initial_theta(prep, rng, task["restart"])
+    state = RState(Z=Z, W={}, b={}, var={}, theta=theta)
+    latents = slot_latents(prep, state)
+    W, b, q = update_loadings(prep, state, latents)
+    state = state._replace(W=W, b=b)
+    if objective == "dense":
+        q = residual_sum_squares(prep, state, latents)
+    return state._replace(var=update_noise(prep, state, q))
+
+
+def _iteration(prep: Prepared, state: RState, stats, objective: str, latent_solver: str, diagnostics: list):
+    """One iteration of the four block steps (module docstring), starting from ``stats`` of ``state``.
+
+    Returns (state, its stats, the four step objectives [latent, loadings, noise, response], seconds per phase).
+    Objective evaluations between the steps are booked under "objective", not under the step they follow.
+    """
+    t = {p: 0.0 for p in PHASES}
+    row = []
+    # 1. latents
+    t0 = time.perf_counter()
+    Znew = solve_latents(prep, state, stats, latent_solver, diagnostics)
+    state = state._replace(Z=Znew)
+    t1 = time.perf_counter()
+    row.append(_objective(prep, state, stats, objective))
+    t2 = time.perf_counter()
+    state = state._replace(Z=convention.whiten(state.Z)[0])
+    latents = slot_latents(prep, state)
+    t3 = time.perf_counter()
+    t["latent"] += (t1 - t0) + (t3 - t2)
+    t["objective"] += t2 - t1
+    # 2. loadings and intercepts
+    W, b, q = update_loadings(prep, state, latents)
+    state = state._replace(W=W, b=b)
+    t4 = time.perf_counter()
+    t["loadings"] += t4 - t3
+    if objective == "dense":
+        q = residual_sum_squares(prep, state, latents)
+        row.append(objective_dense(prep, state))
+    else:
+        row.append(_feature_objective(prep, state, q))
+    t5 = time.perf_counter()
+    t["objective"] += t5 - t4
+    # 3. noise
+    state = state._replace(var=update_noise(prep, state, q))
+    t6 = time.perf_counter()
+    t["noise"] += t6 - t5
+    stats = compute_stats(prep, state)
+    J_noise = _objective(prep, state, stats, objective)
+    row.append(J_noise)
+    t7 = time.perf_counter()
+    t["objective"] += t7 - t6
+    # 4. response parameters
+    theta, J_new, _ = update_response(prep, state, stats, J_noise, objective)
+    state = state._replace(theta=theta)
+    row.append(J_new)
+    t["response"] += time.perf_counter() - t7
+    return state, stats, row, t
 
 
 def initial_signal(prep: Prepared, base: tuple) -> float:
@@ -177,6 +195,7 @@ def _feature_objective(prep: Prepared, state: RState, q: dict) -> float:
 
 
 def _check_args(data, spec, restarts, max_iter, tol, seed, objective, latent_solver, progress, backend, client):
+    """Raise ValueError naming the first argument of :func:`fit_rmsrm` of the wrong type or out of range."""
     from ..parallel import BACKENDS
 
     if not isinstance(data, Dataset):
@@ -290,4 +309,5 @@ def fit_rmsrm(
 
 
 def _restart_task(prep, base, task, **kw) -> RestartResult:
+    """:func:`fit_restart` with the task last, the one argument ``run_tasks`` passes."""
     return fit_restart(prep, base, task, **kw)

@@ -9,7 +9,7 @@ with ``x_i = A_s(theta) Z_r`` (rows of the response operator), D2 the second-dif
 ``S = (1/F_tot) sum_s W_s^T Sigma_s^-1 W_s`` the noise-weighted loading Gram averaged over all F_tot features.
 Under the convention S = I the penalty is lambda/2 sum_r sum_k ||D2 z_rk||^2; written with S it is invariant to
 ``Z -> Z T, W -> W T^-T`` (any invertible T) and to ``Z -> Z + 1 m^T, b -> b - W m`` (rows of A sum to one, D2
-kills constants), so the normalisation of ``state.py`` is an exact reparametrisation of the whole objective.
+kills constants), so the convention of ``convention.py`` is an exact reparametrisation of the whole objective.
 
 Sufficient statistics per stream (W, b, sigma fixed; ``y0 = y - b``, zero where missing, m = mask):
 
@@ -82,6 +82,7 @@ class Stats(NamedTuple):
 
 
 def group_theta(prep: Prepared, state: RState, g: int) -> dict:
+    """Response parameters of group g ({} for a response without parameters)."""
     pk = prep.groups[g].param_key
     return {} if pk is None else state.theta[pk]
 

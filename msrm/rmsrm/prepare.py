@@ -3,7 +3,7 @@
 A *slot* is a set of streams of one run that share a response group and the same sample times (for example the
 four brain streams of the one-eighth study, or the five rating streams): they see the same latent values
 ``x_i = A(theta) Z``, so operators and response derivatives are computed once per slot, and the per-stream
-sufficient statistics are summed per slot before they meet the latent grid (node grouping, DESIGN.md section 1).
+sufficient statistics are summed per slot before they meet the latent grid (the node grouping of ``msrm.nodes``).
 """
 from __future__ import annotations
 
