@@ -220,11 +220,6 @@ class Dataset:
             raise KeyError(f"dataset has no stream {key!r}")
         return key.split("/", 1)[1]
 
-    def participant_of(self, key: str) -> str:
-        if key not in self._n_features:
-            raise KeyError(f"dataset has no stream {key!r}")
-        return key.split("/", 1)[0]
-
     @property
     def n_observed(self) -> int:
         return sum(s.n_observed for run in self.runs for s in run.streams)

@@ -8,6 +8,10 @@ import importlib
 
 _LAZY = {
     # name: (submodule, attribute or None for the submodule itself)
+    "backends": ("backends", None),
+    "BACKENDS": ("backends", "BACKENDS"),
+    "Backend": ("backends", "Backend"),
+    "register_backend": ("backends", "register_backend"),
     "linalg": ("linalg", None),
     "memory": ("memory", None),
     "quad_logdet": ("linalg", "quad_logdet"),

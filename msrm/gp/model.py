@@ -1,4 +1,4 @@
-r"""GPMSRM: the user-facing GP-MSRM model (a thin layer over prepared data and jitted pure functions).
+r"""GPMSRM: the user-facing GP-MSRM model (a thin layer over a backend's prepared data and jitted pure functions).
 
 ::
 
@@ -7,26 +7,23 @@ r"""GPMSRM: the user-facing GP-MSRM model (a thin layer over prepared data and j
     model.log_likelihood(params)                                # log p(Y | params), latents integrated out
     u = model.unconstrain(params); value, grad = model.value_and_grad(u)
 
-Construction validates data against spec, prepares the backend once (NumPy) and builds three jitted functions
-(log likelihood of a constrained pytree; log density of ``u``; its value and gradient through one
-``jax.value_and_grad``). Each is traced once per model. The log density is
+``linear_algebra`` names a backend of :data:`msrm.gp.backends.BACKENDS` (the interface is documented there).
+Construction validates data against spec, collects the backend's keyword options into its options type, prepares
+the backend once (NumPy), checks the predicted memory, places the prepared data on the devices and builds the
+jitted functions (log likelihood of a constrained pytree; per-run log likelihoods; log density of ``u``; its
+value and gradient through one ``jax.value_and_grad``). Each is traced once per model. The log density is
 ``log p(y | theta(u)) + log p(theta(u)) + log|d theta/d u|`` with the priors and transforms of
 :mod:`msrm.gp.transforms`. Guard events of the factorization are counted on the host after every call
 (:meth:`GPMSRM.guard_events`).
 
-Backends are pairs ``prepare(data, spec, **options) -> prepared`` and ``loglik(theta, prepared) -> (value,
-events)``: ``"dense"``/``"grouped"`` are :mod:`msrm.gp.prepare` + :mod:`msrm.gp.likelihood`;
-``"state_space"`` is :mod:`msrm.gp.state_space` (issue 5), imported only when asked for.
-
-**Several runs and devices** (dense/grouped). By default the per-run preparation is restacked by
-:func:`msrm.gp.multirun.stack_runs`: runs of one shape signature are evaluated by one ``jax.vmap`` (one trace
-however many runs), and with several JAX devices (``devices=None`` takes every local device when there is more
-than one) the run axis is sharded over them. Results equal the per-run loop (``batch_runs=False``) to rounding.
+**Several runs and devices** (dense/grouped, :mod:`msrm.gp.grouped`). By default runs of one shape signature are
+stacked and evaluated by one ``jax.vmap`` (one trace however many runs), and with several JAX devices
+(``devices=None`` takes every local device when there is more than one) the run axis is sharded over them.
+``batch_runs=False`` evaluates each run as a stack of its own; both give the same values to rounding.
 """
 from __future__ import annotations
 
 import collections
-import importlib
 
 import numpy as np
 
@@ -37,10 +34,10 @@ from ..params import Params
 from ..spec import ModelSpec
 from . import transforms as tf
 
-__all__ = ["GPMSRM", "LINEAR_ALGEBRA"]
+__all__ = ["GPMSRM", "LINEAR_ALGEBRA", "params_to_theta"]
 
+#: The built-in backends (every name registered in :data:`msrm.gp.backends.BACKENDS` is accepted).
 LINEAR_ALGEBRA = ("dense", "grouped", "state_space")
-_STATE_SPACE_OPTIONS = ("response_embedding", "parallel", "checkpoint_every", "n_states", "block")
 
 
 def _require_x64() -> None:
@@ -72,137 +69,109 @@ class GPMSRM:
     Args:
         data: the Dataset.
         spec: the ModelSpec.
-        linear_algebra: ``"grouped"`` (node-space Woodbury, default), ``"dense"`` (ungrouped reference) or
-            ``"state_space"`` (Kalman filter, issue 5).
+        linear_algebra: a backend name: ``"grouped"`` (node-space Woodbury, default), ``"dense"`` (ungrouped
+            reference), ``"state_space"`` (Kalman filter), or any name added with
+            :func:`msrm.gp.backends.register_backend`.
         method: ``"auto"`` (a host callback on the CPU platform when the process may use two or more CPUs,
             native JAX otherwise), ``"callback"`` or ``"native"``. For dense/grouped it picks the LAPACK
             factorization path; for state_space, where the sequential filter runs (NumPy and SciPy's BLAS on the
             host, or an XLA scan).
         priors: ``None`` (defaults), a :class:`~msrm.gp.transforms.Priors`, or a dict overriding names of
             :data:`~msrm.gp.transforms.PRIOR_DEFAULTS`.
-        response_embedding, parallel, checkpoint_every, n_states, block: state-space options, passed through
-            (:func:`msrm.gp.state_space.prepare`).
-        devices: where runs are evaluated (dense/grouped): ``None`` (every local device when there are several,
-            else the one), ``"all"``, a ``jax.Device`` or a list of devices or device indices. More than one
-            device shards the runs over them (:mod:`msrm.gp.multirun`; the factorization is then native JAX, and
-            ``method="callback"`` is refused); ``state_space`` takes one device.
-        batch_runs: stack runs by shape signature and vmap them (default); False keeps the per-run loop (the
-            reference; one device only).
-        pad_tolerance: runs of one structure share a stack when padding grows their node count and grid by at
-            most this fraction (exact: dummy nodes and grid points add nothing); 0 stacks only equal sizes.
+        devices: where runs are evaluated: ``None`` (every local device when there are several, else the one),
+            ``"all"``, a ``jax.Device`` or a list of devices or device indices. More than one device shards the
+            runs over them (dense/grouped with ``batch_runs=True``; the factorization is then native JAX, and
+            ``method="callback"`` is refused); other backends take one device.
+        **options: the backend's own options, the fields of its options type (a keyword given as None takes the
+            backend's default). Dense/grouped (:class:`~msrm.gp.grouped.GroupedOptions`): ``batch_runs``
+            (default True: stack runs by shape signature and vmap them; False: each run on its own, one device),
+            ``pad_tolerance`` (default 0.1: runs of one structure share a stack when padding grows their node
+            count and grid by at most this fraction; 0 stacks only equal sizes). State space
+            (:class:`~msrm.gp.state_space.prepare.StateSpaceOptions`): ``response_embedding``, ``parallel``,
+            ``checkpoint_every``, ``n_states``, ``block``.
     Raises:
         KeyError: a modality without a response in the spec; unknown prior names.
-        ValueError: bad arguments (named).
+        ValueError: bad arguments (named), an unknown backend, an option of another backend.
         RuntimeError: JAX is not in float64 mode.
         MemoryGuardError: the factorization would not fit in memory (suggests ``state_space``).
-        NotImplementedError: ``state_space`` requested but its backend is not available.
     """
 
     def __init__(self, data: Dataset, spec: ModelSpec, linear_algebra: str = "grouped", *, method: str = "auto",
-                 priors=None, response_embedding=None, parallel=None, checkpoint_every=None, n_states=None,
-                 block=None, devices=None, batch_runs: bool = True, pad_tolerance: float = 0.1):
+                 priors=None, devices=None, **options):
+        self._check_arguments(data, spec, method)
+        from .backends import get_backend, make_options
+
+        self.backend = get_backend(linear_algebra)
+        self.groups = response_groups(data, spec)  # KeyError for a modality without a response
+        self.options = make_options(self.backend, method=method, **options)
+        self.data, self.spec, self.linear_algebra, self.method = data, spec, linear_algebra, method
+        self.blocks = tf.param_blocks(data, spec)
+        self.priors = self._resolve_priors(priors, data, spec)
+        _require_x64()
+        self.prepared = self._prepare(devices)
+        self._build_functions()
+
+    # ------------------------------------------------------------------------------------------ construction
+    @staticmethod
+    def _check_arguments(data, spec, method) -> None:
         if not isinstance(data, Dataset):
             raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
         if not isinstance(spec, ModelSpec):
             raise ValueError(f"spec must be an msrm.ModelSpec, got {type(spec).__name__}")
-        if linear_algebra not in LINEAR_ALGEBRA:
-            raise ValueError(f"linear_algebra must be one of {LINEAR_ALGEBRA}, got {linear_algebra!r}")
         if method not in ("auto", "callback", "native"):
             raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
-        self.groups = response_groups(data, spec)  # KeyError for a modality without a response
-        ss_options = {k: v for k, v in zip(_STATE_SPACE_OPTIONS, (response_embedding, parallel, checkpoint_every,
-                                                                  n_states, block)) if v is not None}
-        if ss_options and linear_algebra != "state_space":
-            raise ValueError(f"options {sorted(ss_options)} apply only to linear_algebra='state_space'")
-        if not isinstance(batch_runs, (bool, np.bool_)):
-            raise ValueError(f"batch_runs must be True or False, got {batch_runs!r}")
-        if isinstance(pad_tolerance, bool) or not isinstance(pad_tolerance, (int, float)) or not (
-                np.isfinite(pad_tolerance) and pad_tolerance >= 0):
-            raise ValueError(f"pad_tolerance must be a finite number >= 0, got {pad_tolerance!r}")
-        self.data, self.spec, self.linear_algebra, self.method = data, spec, linear_algebra, method
-        self.blocks = tf.param_blocks(data, spec)
+
+    @staticmethod
+    def _resolve_priors(priors, data, spec) -> tf.Priors:
         if isinstance(priors, tf.Priors):
-            self.priors = priors
-        elif priors is None or isinstance(priors, dict):
-            self.priors = tf.default_priors(data, spec, priors)
-        else:
-            raise ValueError(f"priors must be None, a dict of overrides or a Priors, got {type(priors).__name__}")
-        _require_x64()
+            return priors
+        if priors is None or isinstance(priors, dict):
+            return tf.default_priors(data, spec, priors)
+        raise ValueError(f"priors must be None, a dict of overrides or a Priors, got {type(priors).__name__}")
 
-        import jax
+    def _prepare(self, devices):
+        """Choose the devices, prepare the backend on the host, check the predicted memory, place the data.
 
+        ``devices=None`` lets the backend take every local device without committing the data to one (JAX's
+        default placement); named devices are committed.
+        """
         from .multirun import resolve_devices
 
-        self.devices = resolve_devices(devices)
-        if len(self.devices) > 1 and devices is not None and (linear_algebra == "state_space" or not batch_runs):
-            raise ValueError(
-                f"devices: sharding runs over {len(self.devices)} devices needs linear_algebra 'dense' or 'grouped' "
-                f"with batch_runs=True (got linear_algebra={linear_algebra!r}, batch_runs={batch_runs}); pass "
-                f"one device")
-        if linear_algebra == "state_space" or not batch_runs:
-            self.devices = self.devices[:1]
-        if linear_algebra != "state_space":
-            from .multirun import mesh_method
+        commit = devices is not None
+        self.devices = self.backend.devices(self.options, resolve_devices(devices), commit)
+        host = self.backend.prepare(self.data, self.spec, self.options)
+        self._node_counts: list[int] = list(self.backend.node_counts(host))
+        peak = self.backend.peak_bytes(host, self.options)
+        if peak is not None:  # before anything is placed on a device
+            self._check_peak(*peak)
+        prepared, self.devices = self.backend.place(host, self.options, self.devices, commit)
+        self.batch_runs = bool(getattr(self.options, "batch_runs", False))
+        return prepared
 
-            mesh_method(method, len(self.devices))  # refuses method='callback' on several devices
-        # one device named by the caller: commit the data there; otherwise JAX's default (uncommitted) placement
-        place = self.devices[0] if devices is not None and len(self.devices) == 1 else None
-        if linear_algebra == "state_space":
-            try:
-                backend = importlib.import_module("msrm.gp.state_space")
-            except ModuleNotFoundError as exc:
-                raise NotImplementedError(
-                    "linear_algebra='state_space' is not available yet (issue 5: msrm.gp.state_space)"
-                ) from exc
-            if not (hasattr(backend, "prepare") and hasattr(backend, "loglik")):
-                raise NotImplementedError(
-                    "linear_algebra='state_space' is not available yet (issue 5: msrm.gp.state_space has no "
-                    "prepare/loglik)"
-                )
-            prepared = backend.prepare(data, spec, method=method, **ss_options)
-            self._node_counts: list[int] = []
-            self.prepared = jax.device_put(prepared, place)
-        else:
-            from . import likelihood, multirun
-            from . import prepare as prep
+    def _build_functions(self) -> None:
+        """The jitted log likelihood, per-run log likelihoods, log density and its value and gradient."""
+        import jax
 
-            backend = likelihood
-            prepared = prep.prepare(data, spec, grouped=linear_algebra == "grouped", method=method)
-            self._node_counts = [int(r.layout.n_nodes) for r in prepared.runs]
-            if batch_runs:
-                # before anything is placed on a device
-                self._check_memory(multirun.padded_node_counts(prepared.runs, pad_tolerance))
-                prepared = multirun.stack_runs(prepared, devices=self.devices if devices is not None else None,
-                                               pad_tolerance=pad_tolerance)
-            else:
-                self._check_memory(self._node_counts)
-                prepared = jax.device_put(prepared, place)
-            self.prepared = prepared
-        self.batch_runs = bool(batch_runs) and linear_algebra != "state_space"
-        self._backend_loglik = backend.loglik
+        blocks, backend = self.blocks, self.backend
         self._priors_dev = jax.device_put(self.priors)
         self._events: collections.Counter = collections.Counter()
         self._pointwise = None  # (per-run prepared, jitted function), built on first use
 
-        blocks, loglik = self.blocks, self._backend_loglik
-
         def density_and_events(u, prepared, priors):
             theta, log_jac = tf.constrain(u, blocks)
-            value, events = loglik(theta, prepared)
+            value, events = backend.loglik(theta, prepared)
             return value + tf.log_prior(theta, priors, blocks) + log_jac, events
 
         self._density_and_events = density_and_events
-        runs_loglik = getattr(backend, "run_logliks", None)
-        self._runs_jit = None if runs_loglik is None else jax.jit(
-            lambda u, prepared: runs_loglik(tf.constrain(u, blocks)[0], prepared))
-        self._loglik_jit = jax.jit(loglik)
-        self._density_jit = jax.jit(density_and_events)
+        self._runs_jit = jax.jit(lambda u, prepared: backend.run_logliks(tf.constrain(u, blocks)[0], prepared))
+        self._loglik_jit = jax.jit(backend.loglik)
         self._vg_jit = jax.jit(jax.value_and_grad(density_and_events, has_aux=True))
 
     # ------------------------------------------------------------------------------------------ sizes
     @property
     def node_counts(self) -> list[int]:
-        """Nodes per run of the prepared backend (dense/grouped; before any padding)."""
+        """Nodes per run of the backend's node-space factorization (before any padding; empty for a backend
+        without one)."""
         return list(self._node_counts)
 
     @property
@@ -221,12 +190,17 @@ class GPMSRM:
         """N K per run: the dimension of the dense factorization (dense/grouped)."""
         return [n * self.spec.n_factors for n in self.node_counts]
 
-    def _check_memory(self, node_counts) -> None:
+    def _check_peak(self, need: int, largest: int) -> None:
         from . import memory
 
-        need, largest = memory.likelihood_peak_bytes(node_counts, self.spec.n_factors)
         memory.check_memory(
             need, what=f"the {self.linear_algebra} GP likelihood (largest factorization N*K = {largest})", dim=largest)
+
+    def _check_memory(self, node_counts) -> None:
+        """The memory guard for a dense/grouped factorization of runs with these node counts."""
+        from . import memory
+
+        self._check_peak(*memory.likelihood_peak_bytes(node_counts, self.spec.n_factors))
 
     @property
     def num_params(self) -> int:
@@ -314,10 +288,6 @@ class GPMSRM:
         """Log density of ``u`` as a JAX scalar (pure; traceable by NumPyro). Guard events are not recorded."""
         return self._density_and_events(u, self.prepared, self._priors_dev)[0]
 
-    def log_density_and_events(self, u):
-        """``(log density, events)`` as JAX values (pure)."""
-        return self._density_and_events(u, self.prepared, self._priors_dev)
-
     def value_and_grad(self, u) -> tuple[float, np.ndarray]:
         """Log density and its gradient through one jitted ``jax.value_and_grad``."""
         (value, events), grad = self._vg_jit(self._check_u(u), self.prepared, self._priors_dev)
@@ -340,8 +310,6 @@ class GPMSRM:
             raise ValueError(f"by must be 'node' or 'run', got {by!r}")
         u = self._check_u(u)
         if by == "run":
-            if self._runs_jit is None:
-                raise NotImplementedError(f"linear_algebra={self.linear_algebra!r} gives no per-run log likelihood")
             values, events = self._runs_jit(u, self.prepared)
             self._record(events)
             return {"run": np.asarray(values)}
@@ -422,13 +390,13 @@ class GPMSRM:
 
     # ------------------------------------------------------------------------------------------ inference
     def fit_map(self, **kwargs):
-        """MAP fit: forwards to :func:`msrm.gp.map.fit_map` (issue 6)."""
+        """MAP fit: forwards to :func:`msrm.gp.map.fit_map`."""
         from .map import fit_map
 
         return fit_map(self, **kwargs)
 
     def sample(self, **kwargs):
-        """NUTS posterior: forwards to :func:`msrm.gp.posterior.sample` (issue 6)."""
+        """NUTS posterior: forwards to :func:`msrm.gp.posterior.sample`."""
         from .posterior import sample
 
         return sample(self, **kwargs)

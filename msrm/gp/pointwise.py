@@ -50,7 +50,7 @@ def _node_posterior(theta, run: RunPrepared):
     N, K = layout.n_nodes, layout.n_factors
     _, eta, R, _ = node_information(theta, run)
     C, Ce, v, M = woodbury_system(eta, R, node_covariance(theta, layout))
-    L, event = linalg._native_factor(M)  # M is bitwise symmetric (woodbury_system)
+    L, event = linalg.native_factor(M)  # M is bitwise symmetric (woodbury_system)
     B = R[:, :, None, :] * jnp.transpose(C, (1, 2, 0))[:, None, :, :]  # (R C)[(u,a),(v,k)] = R_u[a,k] C_k[u,v]
     X = solve_triangular(L, B.reshape(N * K, N * K), lower=True).reshape(N * K, N, K)
     w = solve_triangular(L, v, lower=True)

@@ -1,9 +1,10 @@
 """The state-space backend of GP-MSRM: an exact, linear-time Kalman filter over the latent grid.
 
-``prepare(data, spec, response_embedding=..., n_states=..., parallel=..., checkpoint_every=...)`` (NumPy, once)
-and ``loglik(theta, prepared) -> (value, events)`` (pure JAX, jit/grad-able) are the backend interface that
-``msrm.GPMSRM(..., linear_algebra="state_space")`` calls. ``events`` is (n_runs,) int32: the number of steps
-of each run whose update matrix ``G`` lost positive determinant (0 in a healthy run).
+``prepare(data, spec, response_embedding=..., n_states=..., parallel=..., checkpoint_every=..., block=...,
+method=...)`` (NumPy, once) and ``loglik(theta, prepared) -> (value, events)`` (pure JAX, jit/grad-able) compute
+the density; :data:`STATE_SPACE` is the backend that ``msrm.GPMSRM(..., linear_algebra="state_space")`` finds in
+:data:`msrm.gp.backends.BACKENDS`, its options :class:`~.prepare.StateSpaceOptions`. ``events`` is (n_runs,)
+int32: the number of steps of each run whose update matrix ``G`` lost positive determinant (0 in a healthy run).
 
 Modules: :mod:`.sde` (Matérn SDEs), :mod:`.embedding` (delay line and banks), :mod:`.prepare`,
 :mod:`.filter` (sequential block scan, checkpointed), :mod:`.adjoint` (its hand-written reverse mode, used by
@@ -14,31 +15,70 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from .prepare import StateSpacePrepared, prepare
+from ..backends import Backend, register_backend
+from .prepare import StateSpaceOptions, StateSpacePrepared, prepare, prepare_options
 
-__all__ = ["prepare", "loglik", "StateSpacePrepared", "TRACE_COUNT"]
+__all__ = ["prepare", "loglik", "run_logliks", "StateSpaceOptions", "StateSpacePrepared", "StateSpaceBackend",
+           "STATE_SPACE"]
 
-# Incremented each time loglik is traced.
-TRACE_COUNT = [0]
+
+def _per_run(theta, prepared: StateSpacePrepared) -> tuple[list, list]:
+    """Each run's (value, bad-step count): the associative scan (:func:`.parallel.run_loglik_parallel`) for a run
+    prepared with ``parallel=True``, else the checkpointed sequential scan with its hand-written reverse mode
+    (:func:`.adjoint.run_loglik_adjoint`)."""
+    from .adjoint import run_loglik_adjoint
+    from .parallel import run_loglik_parallel
+
+    values, events = [], []
+    for run in prepared.runs:
+        fn = run_loglik_parallel if run.tables.parallel else run_loglik_adjoint
+        value, bad = fn(theta, run)
+        values.append(value)
+        events.append(bad)
+    return values, events
+
+
+def run_logliks(theta, prepared: StateSpacePrepared):
+    """Per-run log likelihoods ``(n_runs,)`` and per-run event counts ``(n_runs,)`` int32."""
+    values, events = _per_run(theta, prepared)
+    return jnp.stack(values), jnp.stack(events).astype(jnp.int32)
 
 
 def loglik(theta, prepared: StateSpacePrepared):
     """Log likelihood summed over runs and per-run event counts.
 
     Args:
-        theta: constrained parameter pytree (Params fields; see :mod:`msrm.gp.likelihood`).
+        theta: constrained parameter pytree (see :mod:`msrm.gp.backends`).
         prepared: from :func:`prepare`.
     Returns:
         (value, events): float64 scalar, (n_runs,) int32.
     """
-    from .adjoint import run_loglik_adjoint
-    from .parallel import run_loglik_parallel
-
-    TRACE_COUNT[0] += 1
-    total, events = 0.0, []
-    for run in prepared.runs:
-        fn = run_loglik_parallel if run.tables.parallel else run_loglik_adjoint
-        value, bad = fn(theta, run)
+    values, events = _per_run(theta, prepared)
+    total = 0.0
+    for value in values:
         total = total + value
-        events.append(bad)
     return total, jnp.stack(events).astype(jnp.int32)
+
+
+class StateSpaceBackend(Backend):
+    """The Kalman-filter backend (one device).
+
+    ``peak_bytes`` is None: the filter keeps O(S^2) per kept sub-step (S the state dimension), bounded by the
+    checkpointing of :func:`.prepare.auto_chunk`, and no model of its peak is calibrated, so the memory guard is
+    skipped.
+    """
+
+    name = "state_space"
+    options_type = StateSpaceOptions
+
+    def prepare(self, data, spec, options: StateSpaceOptions) -> StateSpacePrepared:
+        return prepare_options(data, spec, options)
+
+    def loglik(self, theta, prepared):
+        return loglik(theta, prepared)
+
+    def run_logliks(self, theta, prepared):
+        return run_logliks(theta, prepared)
+
+
+STATE_SPACE = register_backend(StateSpaceBackend())

@@ -44,15 +44,6 @@ from .prepare import RunTables
 __all__ = ["run_loglik_adjoint"]
 
 
-def _add_sym_rows(Pb, r, Z):
-    """Pb += ½ (E_rᵀ Z + Zᵀ E_r) for the row block Z starting at row r (in place on the carry)."""
-    n, S = Z.shape
-    zero = jnp.zeros((), jnp.int32)
-    Pb = lax.dynamic_update_slice(Pb, lax.dynamic_slice(Pb, (r, zero), (n, S)) + 0.5 * Z, (r, zero))
-    Pb = lax.dynamic_update_slice(Pb, lax.dynamic_slice(Pb, (zero, r), (S, n)) + 0.5 * Z.T, (zero, r))
-    return Pb
-
-
 def _sde_write_transpose(t: RunTables, b, move, mb, Pb, T, Qb, Xs, ms):
     """Adjoint of :func:`msrm.gp.state_space.filter.sde_write`.
 

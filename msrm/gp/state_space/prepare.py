@@ -26,8 +26,9 @@ import numpy as np
 from ...data import Dataset
 from ...nodes import response_groups
 from ...operators import WindowLayout
-from ...responses import Identity, Response
+from ...responses import Response
 from ...spec import ModelSpec
+from .. import linalg
 from ..prepare import RunPrepared, prepare_run
 from .embedding import EMBEDDINGS, design_bank, projection
 from .sde import n_states as sde_states
@@ -43,14 +44,13 @@ MAX_BLOCK = 32
 
 # The reverse pass reads each sub-step's state. By default (``checkpoint_every=None``) every state is kept, and
 # nothing recomputed, when all the covariances fit in KEEP_BYTES; otherwise the scan is cut into about
-# sqrt(sub-steps) checkpointed chunks, so memory grows with the square root of the length. Chunks longer than
-# that, where memory would allow them, were measured slower at x1-x4 with K = 5 (29-31 sub-steps per chunk against
-# 11-21; most likely because a long chunk's kept states no longer stay in the cache while the reverse pass walks
-# back through them, which was not measured directly).
+# sqrt(sub-steps) checkpointed chunks, so memory grows with the square root of the length. Longer chunks are not
+# used even where memory would allow them: a long chunk's kept states no longer stay in the cache while the
+# reverse pass walks back through them.
 KEEP_BYTES = 64 * 2**20
 
-__all__ = ["TARGET_RANK", "KEEP_BYTES", "auto_block", "auto_chunk", "GroupTable", "RunTables", "SSRun",
-           "StateSpacePrepared", "prepare"]
+__all__ = ["TARGET_RANK", "KEEP_BYTES", "StateSpaceOptions", "auto_block", "auto_chunk", "GroupTable", "RunTables",
+           "SSRun", "StateSpacePrepared", "prepare_run_tables", "prepare_options", "prepare"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,22 +173,53 @@ class StateSpacePrepared(NamedTuple):
     runs: tuple
 
 
-def _check_options(response_embedding, n_states, parallel, checkpoint_every) -> None:
-    if response_embedding not in EMBEDDINGS:
-        raise ValueError(f"response_embedding must be one of {EMBEDDINGS}, got {response_embedding!r}")
-    if response_embedding != "exact":
-        if isinstance(n_states, bool) or not isinstance(n_states, (int, np.integer)) or n_states < 1:
-            raise ValueError(
-                f"n_states must be a positive integer for response_embedding={response_embedding!r}, got {n_states!r}"
-            )
-    elif n_states is not None:
-        raise ValueError("n_states applies to the 'rational' and 'laguerre' embeddings only; leave it None for 'exact'")
-    if not isinstance(parallel, (bool, np.bool_)):
-        raise ValueError(f"parallel must be True or False, got {parallel!r}")
-    if checkpoint_every is not None and (
-        isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 0
-    ):
-        raise ValueError(f"checkpoint_every must be None (chosen per run), 0 (off) or a positive integer, got {checkpoint_every!r}")
+EMBEDDING_DEFAULT = "exact"
+
+
+@dataclass(frozen=True)
+class StateSpaceOptions:
+    """Options of the state-space backend (validated on construction; ``ValueError`` names the option).
+
+    Fields:
+        method: where the sequential scan runs: ``"callback"`` (NumPy and SciPy's BLAS on the host, called from
+            JAX), ``"native"`` (an XLA scan) or ``"auto"`` (as :func:`msrm.gp.linalg.quad_logdet`: the callback on a
+            CPU backend with at least two cores, native elsewhere). The associative scan is always native.
+        response_embedding: ``"exact"`` (delay line), ``"rational"`` or ``"laguerre"`` (approximate banks).
+        n_states: bank states per factor (banks only; None for ``"exact"``).
+        parallel: True for the associative (log-depth) scan.
+        checkpoint_every: sub-steps per checkpointed chunk of the sequential scan; None chooses it with
+            :func:`auto_chunk` (one chunk when every state fits :data:`KEEP_BYTES`, else about sqrt(sub-steps));
+            0 = no checkpointing (every state kept).
+        block: grid steps per block of the sequential scan; None chooses it per run with :func:`auto_block`. The
+            value does not change the density.
+    """
+
+    method: str = "auto"
+    response_embedding: str = EMBEDDING_DEFAULT
+    n_states: int | None = None
+    parallel: bool = False
+    checkpoint_every: int | None = None
+    block: int | None = None
+
+    def __post_init__(self):
+        emb, n_states = self.response_embedding, self.n_states
+        if emb not in EMBEDDINGS:
+            raise ValueError(f"response_embedding must be one of {EMBEDDINGS}, got {emb!r}")
+        if emb != "exact":
+            if isinstance(n_states, bool) or not isinstance(n_states, (int, np.integer)) or n_states < 1:
+                raise ValueError(f"n_states must be a positive integer for response_embedding={emb!r}, got {n_states!r}")
+        elif n_states is not None:
+            raise ValueError("n_states applies to the 'rational' and 'laguerre' embeddings only; leave it None for 'exact'")
+        if not isinstance(self.parallel, (bool, np.bool_)):
+            raise ValueError(f"parallel must be True or False, got {self.parallel!r}")
+        every = self.checkpoint_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 0):
+            raise ValueError(f"checkpoint_every must be None (chosen per run), 0 (off) or a positive integer, got {every!r}")
+        if self.method not in ("auto", "callback", "native"):
+            raise ValueError(f"method must be 'auto', 'callback' or 'native', got {self.method!r}")
+        block = self.block
+        if block is not None and (isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1):
+            raise ValueError(f"block must be a positive integer, got {block!r}")
 
 
 def auto_chunk(n_sub: int, n_states: int, keep_bytes: int = KEEP_BYTES) -> int:
@@ -253,100 +284,118 @@ def _sub_steps(all_units: list[np.ndarray], all_piles: list[tuple], n_units: int
     return unit_index, predict, tables, chunk, n_chunks
 
 
-def prepare(
-    data: Dataset,
-    spec: ModelSpec,
-    *,
-    response_embedding: str = "exact",
-    n_states: int | None = None,
-    parallel: bool = False,
-    checkpoint_every: int | None = None,
-    block: int | None = None,
-    method: str = "auto",
-) -> StateSpacePrepared:
+def _ring_or_bank(lay, options: StateSpaceOptions):
+    """Per group ``"ring"`` (exact delay line) or ``"bank"`` (filter-bank readout), the delay-line length L and the
+    bank (None when no group uses one). Banks are the approximate embeddings; a two-tap response (rows touching two
+    adjacent grid points) stays exact on a one-slot ring under every embedding."""
+    bank_mode = options.response_embedding != "exact"
+    modes = ["bank" if bank_mode and not g.response.two_tap else "ring" for g in lay.groups]
+    ring_w = [g.window.width for g, m in zip(lay.groups, modes) if m == "ring"]
+    L = max(1, max(ring_w, default=2) - 1)
+    bank = None
+    if bank_mode and "bank" in modes:
+        bank_groups = [g for g, m in zip(lay.groups, modes) if m == "bank"]
+        bank = design_bank(options.response_embedding, int(options.n_states), [g.response for g in bank_groups],
+                           [g.window.width for g in bank_groups], float(lay.grid[1] - lay.grid[0]))
+    return modes, L, bank
+
+
+def _window_ends(lay) -> list[np.ndarray]:
+    """Grid index of the last point of every node's window, per group (raises when a window leaves the grid)."""
+    J = lay.n_grid
+    ends = [(g.window.start + g.window.width - 1).astype(np.int64) for g in lay.groups]
+    for g, e in zip(lay.groups, ends):
+        if g.window.start.size and (g.window.start.min() < 0 or e.max() > J - 1):
+            raise ValueError(f"response group {g.key!r}: a window leaves the run's grid")
+    return ends
+
+
+def _schedule(lay, ends, C: int, n_ring: int, n_bank: int, options: StateSpaceOptions):
+    """The sub-step schedule of one run: ``(index, predict, local slot tables, chunk, n_chunks, checkpoint)``.
+
+    Units are blocks of C grid steps; a node is absorbed in the unit holding its window's end. Checkpointing cuts
+    the schedule into chunks of ``checkpoint_every`` sub-steps (chosen by :func:`auto_chunk` when None).
+    """
+    J, K = lay.n_grid, lay.n_factors
+    d = sde_states(lay.kernel)
+    n_units = -(-J // C)
+    units = [e // C for e in ends]
+    piles = [(min(g.window.width - 1, J - 1) // C, (J - 1) // C) for g in lay.groups]
+    index, predict, locals_, chunk, n_chunks = _sub_steps(units, piles, n_units, None)
+    if options.parallel or options.checkpoint_every == 0:
+        every = None
+    elif options.checkpoint_every is None:
+        every = auto_chunk(index.size, K * (d + n_ring + n_bank))
+    else:
+        every = int(options.checkpoint_every)
+    checkpoint = every is not None and every < index.size
+    if checkpoint:
+        index, predict, locals_, chunk, n_chunks = _sub_steps(units, piles, n_units, every)
+    return index, predict, locals_, chunk, n_chunks, checkpoint
+
+
+def _group_tables(lay, modes, locals_, ends, C: int, n_ring: int, bank, parallel: bool) -> tuple:
+    """The :class:`GroupTable` of every response group: slot tables and where each node reads the state."""
+    tables = []
+    for g, mode, local, e in zip(lay.groups, modes, locals_, ends):
+        n_g = g.node_stop - g.node_start
+        glob = np.where(local == n_g, lay.n_nodes, local + g.node_start).astype(np.int32)
+        proj = projection(bank["G"], g.window.width) if mode == "bank" else None
+        ring_pos = offset = None
+        if not parallel and mode == "ring":
+            steps = g.window.start[:, None] + np.arange(g.window.width)[None, :]
+            ring_pos = np.concatenate([steps % n_ring, np.zeros((1, g.window.width), np.int64)]).astype(np.int32)
+        elif not parallel:
+            offset = np.concatenate([e % C, [0]]).astype(np.int32)
+        tables.append(GroupTable(g.key, g.response, g.param_key, mode, g.window, g.node_start, n_g,
+                                 local, glob, proj, ring_pos, offset))
+    return tuple(tables)
+
+
+def prepare_run_tables(gp: RunPrepared, options: StateSpaceOptions, method: str) -> RunTables:
+    """The static step tables of one run from its grouped preparation (NumPy)."""
+    lay = gp.layout
+    J, K = lay.n_grid, lay.n_factors
+    parallel = bool(options.parallel)
+    modes, L, bank = _ring_or_bank(lay, options)
+    n_bank = int(options.n_states) if bank is not None else 0
+    ends = _window_ends(lay)
+    C = 1 if parallel else int(min(options.block, J)) if options.block is not None else auto_block(lay.n_nodes, J, K)
+    n_ring = L if parallel else C * (-(-L // C) + 1)
+    index, predict, locals_, chunk, n_chunks, checkpoint = _schedule(lay, ends, C, n_ring, n_bank, options)
+    return RunTables(
+        block_index=index, predict=predict, K=K, kernel=lay.kernel, step=float(lay.grid[1] - lay.grid[0]),
+        d=sde_states(lay.kernel), L=L, block=0 if parallel else C, n_ring=n_ring, n_bank=n_bank, n_steps=J,
+        chunk=chunk, n_chunks=n_chunks, checkpoint=checkpoint, embedding=options.response_embedding,
+        parallel=parallel, groups=_group_tables(lay, modes, locals_, ends, C, n_ring, bank, parallel),
+        bank_M=None if bank is None else bank["M"], bank_v=None if bank is None else bank["v"], method=method,
+    )
+
+
+def prepare_options(data: Dataset, spec: ModelSpec, options: StateSpaceOptions) -> StateSpacePrepared:
+    """:func:`prepare` with its options as one :class:`StateSpaceOptions` (the backend ``prepare``)."""
+    method = "native" if options.parallel else linalg.resolve_method(options.method)
+    groups = response_groups(data, spec)
+    runs = []
+    for run in data.runs:
+        gp = prepare_run(run, spec, groups, grouped=True)
+        runs.append(SSRun(gp, prepare_run_tables(gp, options, method)))
+    return StateSpacePrepared(runs=tuple(runs))
+
+
+def prepare(data: Dataset, spec: ModelSpec, *, response_embedding: str = EMBEDDING_DEFAULT,
+            n_states: int | None = None, parallel: bool = False, checkpoint_every: int | None = None,
+            block: int | None = None, method: str = "auto") -> StateSpacePrepared:
     """Prepare a dataset for :func:`msrm.gp.state_space.loglik` (NumPy, once).
 
     Args:
         data: the dataset.
         spec: the model spec.
-        response_embedding: ``"exact"`` (delay line), ``"rational"`` or ``"laguerre"`` (approximate banks).
-        n_states: bank states per factor (banks only).
-        parallel: True for the associative (log-depth) scan.
-        checkpoint_every: sub-steps per checkpointed chunk of the sequential scan; None (default) chooses it
-            with :func:`auto_chunk` (one chunk when every state fits :data:`KEEP_BYTES`, else about
-            sqrt(sub-steps)); 0 = no checkpointing (every state kept).
-        block: grid steps per block of the sequential scan; None (default) chooses it per run with
-            :func:`auto_block`. The value does not change the density.
-        method: where the sequential scan runs: ``"callback"`` (NumPy and SciPy's BLAS on the host, called
-            from JAX), ``"native"`` (an XLA scan) or ``"auto"`` (as :func:`msrm.gp.linalg.quad_logdet`: the
-            callback on a CPU backend with at least two cores, native elsewhere). The associative scan is
-            always native.
+        response_embedding, n_states, parallel, checkpoint_every, block, method: the fields of
+            :class:`StateSpaceOptions`.
     Raises:
         ValueError: a bad option (named); KeyError: a modality without a response.
     """
-    _check_options(response_embedding, n_states, parallel, checkpoint_every)
-    if method not in ("auto", "callback", "native"):
-        raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
-    from ..linalg import _resolve
-
-    method = "native" if parallel else _resolve(method)
-    if block is not None and (isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1):
-        raise ValueError(f"block must be a positive integer, got {block!r}")
-    groups = response_groups(data, spec)
-    K, d = spec.n_factors, sde_states(spec.kernel)
-    runs = []
-    for run in data.runs:
-        gp = prepare_run(run, spec, groups, grouped=True)
-        lay = gp.layout
-        J = lay.n_grid
-        bank_mode = response_embedding != "exact"
-        modes = ["bank" if bank_mode and not isinstance(g.response, Identity) else "ring" for g in lay.groups]
-        ring_w = [g.window.width for g, m in zip(lay.groups, modes) if m == "ring"]
-        L = max(1, max(ring_w, default=2) - 1)
-        bank = None
-        if bank_mode and "bank" in modes:
-            bank_groups = [g for g, m in zip(lay.groups, modes) if m == "bank"]
-            bank = design_bank(response_embedding, int(n_states), [g.response for g in bank_groups],
-                               [g.window.width for g in bank_groups], float(lay.grid[1] - lay.grid[0]))
-        widths = [g.window.width for g in lay.groups]
-        ends = [(g.window.start + g.window.width - 1).astype(np.int64) for g in lay.groups]
-        for g, e in zip(lay.groups, ends):
-            if g.window.start.size and (g.window.start.min() < 0 or e.max() > J - 1):
-                raise ValueError(f"response group {g.key!r}: a window leaves the run's grid")
-        C = 1 if parallel else int(min(block, J)) if block is not None else auto_block(lay.n_nodes, J, K)
-        n_units = -(-J // C)
-        units = [e // C for e in ends]
-        piles = [(min(w - 1, J - 1) // C, (J - 1) // C) for w in widths]
-        n_ring = L if parallel else C * (-(-L // C) + 1)
-        index, predict, locals_, chunk, n_chunks = _sub_steps(units, piles, n_units, None)
-        if parallel or checkpoint_every == 0:
-            every = None
-        elif checkpoint_every is None:
-            n_bank = int(n_states) if bank is not None else 0
-            every = auto_chunk(index.size, K * (d + n_ring + n_bank))
-        else:
-            every = int(checkpoint_every)
-        checkpoint = every is not None and every < index.size
-        if checkpoint:
-            index, predict, locals_, chunk, n_chunks = _sub_steps(units, piles, n_units, every)
-        tables = []
-        for g, mode, local, e in zip(lay.groups, modes, locals_, ends):
-            n_g = g.node_stop - g.node_start
-            glob = np.where(local == n_g, lay.n_nodes, local + g.node_start).astype(np.int32)
-            proj = projection(bank["G"], g.window.width) if mode == "bank" else None
-            ring_pos = offset = None
-            if not parallel and mode == "ring":
-                steps = g.window.start[:, None] + np.arange(g.window.width)[None, :]
-                ring_pos = np.concatenate([steps % n_ring, np.zeros((1, g.window.width), np.int64)]).astype(np.int32)
-            elif not parallel:
-                offset = np.concatenate([e % C, [0]]).astype(np.int32)
-            tables.append(GroupTable(g.key, g.response, g.param_key, mode, g.window, g.node_start, n_g,
-                                     local, glob, proj, ring_pos, offset))
-        runs.append(SSRun(gp, RunTables(
-            block_index=index, predict=predict, K=K, kernel=spec.kernel, step=float(lay.grid[1] - lay.grid[0]),
-            d=d, L=L, block=0 if parallel else C, n_ring=n_ring,
-            n_bank=int(n_states) if bank is not None else 0, n_steps=J, chunk=chunk, n_chunks=n_chunks,
-            checkpoint=checkpoint, embedding=response_embedding, parallel=bool(parallel), groups=tuple(tables),
-            bank_M=None if bank is None else bank["M"], bank_v=None if bank is None else bank["v"], method=method,
-        )))
-    return StateSpacePrepared(runs=tuple(runs))
+    options = StateSpaceOptions(method=method, response_embedding=response_embedding, n_states=n_states,
+                                parallel=parallel, checkpoint_every=checkpoint_every, block=block)
+    return prepare_options(data, spec, options)

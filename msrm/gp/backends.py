@@ -1,0 +1,177 @@
+r"""The backend interface of GP-MSRM and the registry that maps ``linear_algebra`` names to backends.
+
+A backend computes the GP-MSRM marginal likelihood of a dataset (latent factors integrated out) in its own way:
+``"dense"`` and ``"grouped"`` (:mod:`msrm.gp.likelihood`, node-space Woodbury identity), ``"state_space"``
+(:mod:`msrm.gp.state_space`, a Kalman filter over the latent grid). :class:`msrm.GPMSRM` finds it by name in
+:data:`BACKENDS` and talks to it only through :class:`Backend`:
+
+* ``name``: the ``linear_algebra`` string.
+* ``options_type``: a frozen dataclass of the backend's own keyword options with their defaults, validated in its
+  ``__post_init__`` (``ValueError`` naming the option). ``GPMSRM(data, spec, NAME, **kwargs)`` collects the
+  keywords that are fields of this type into one instance (:func:`make_options`); a keyword that belongs to another
+  backend, or to none, is refused with a ``ValueError`` naming the keyword and the backend. ``method``
+  (``"auto"``, ``"callback"`` or ``"native"``, validated by the model) is passed in as well when the options type
+  has a ``method`` field.
+* ``prepare(data, spec, options) -> prepared``: everything that does not depend on the parameters, on the host
+  (NumPy), once per model. ``prepared`` is a JAX pytree whose leaves are the arrays the likelihood reads.
+* ``peak_bytes(prepared, options) -> (bytes, dim) | None``: the predicted peak memory of one likelihood
+  evaluation and the largest factorization dimension, checked by the model's memory guard
+  (:func:`msrm.gp.memory.check_memory`) before anything is placed on a device; None when there is no estimate
+  (the guard is skipped).
+* ``devices(options, devices, commit) -> list``: the devices it will run on, out of ``devices`` (what the caller
+  asked for: every local device by default; ``commit`` is True when the caller named them). Called before
+  ``prepare``; raises ``ValueError`` starting with ``"devices:"`` for a choice the backend cannot run (several
+  named devices for a backend that runs on one).
+* ``place(prepared, options, devices, commit) -> (prepared, devices)``: put the prepared data on those devices
+  (committed there when ``commit``, else JAX's default placement), after the memory guard.
+* ``loglik(theta, prepared) -> (value, events)``: pure JAX, jit- and grad-able. ``theta`` is the constrained
+  parameter pytree of :func:`msrm.gp.model.params_to_theta` (``loadings``, ``intercepts``, ``noise_sd``
+  per stream key, ``lengthscales`` (K,), ``response`` per parameter key). ``value`` is the float64 log
+  likelihood summed over runs; ``events`` an int32 array of guard codes the model counts
+  (:meth:`msrm.GPMSRM.guard_events`).
+* ``run_logliks(theta, prepared) -> (values, events)``: the per-run log likelihoods ``(n_runs,)`` (their sum is
+  ``loglik``'s value) and events.
+* ``node_counts(prepared) -> list[int]``: nodes per run of the node-space factorization (an empty list when the
+  backend has none).
+* ``latent_posterior(theta, prepared)`` and ``predict(theta, prepared)``: the posterior of the latent factors on
+  the grid and the posterior predictive of every stream (``msrm.LatentPosterior`` and ``msrm.Prediction`` per
+  run). :class:`Backend` raises ``NotImplementedError`` for both until a backend provides them.
+
+:class:`Backend` is a base class with those defaults (``peak_bytes`` None, one device,
+``node_counts`` empty). A backend is one module that defines a subclass and ends with one
+:func:`register_backend` call; the built-in modules are imported at the end of this module, so importing it
+registers ``"dense"``, ``"grouped"`` and ``"state_space"``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Backend", "NoOptions", "BACKENDS", "register_backend", "unregister_backend", "get_backend",
+           "make_options", "option_names"]
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options type of a backend without keyword options."""
+
+
+class Backend:
+    """Base class of GP-MSRM backends (see the module docstring for the contract of every method)."""
+
+    name: str = ""
+    options_type: type = NoOptions
+
+    def prepare(self, data, spec, options) -> Any:
+        raise NotImplementedError(f"backend {self.name!r} defines no prepare")
+
+    def peak_bytes(self, prepared, options) -> tuple[int, int] | None:
+        return None
+
+    def devices(self, options, devices: list, commit: bool) -> list:
+        """One device: the first of ``devices``; several named ones are refused."""
+        if commit and len(devices) > 1:
+            raise ValueError(f"devices: linear_algebra={self.name!r} runs on one device, got {len(devices)}; "
+                             f"sharding runs over several needs 'dense' or 'grouped' with batch_runs=True")
+        return list(devices[:1])
+
+    def place(self, prepared, options, devices: list, commit: bool):
+        """``prepared`` on ``devices[0]`` when ``commit``, else in JAX's default (uncommitted) placement."""
+        import jax
+
+        return jax.device_put(prepared, devices[0] if commit else None), devices
+
+    def loglik(self, theta, prepared):
+        raise NotImplementedError(f"backend {self.name!r} defines no loglik")
+
+    def run_logliks(self, theta, prepared):
+        raise NotImplementedError(f"linear_algebra={self.name!r} gives no per-run log likelihood")
+
+    def node_counts(self, prepared) -> list[int]:
+        return []
+
+    def latent_posterior(self, theta, prepared):
+        """Posterior mean and sd of the latent factors on each run's grid (not provided by this backend yet)."""
+        raise NotImplementedError(f"linear_algebra={self.name!r} does not compute the latent posterior yet")
+
+    def predict(self, theta, prepared):
+        """Posterior predictive mean and sd of every stream (not provided by this backend yet)."""
+        raise NotImplementedError(f"linear_algebra={self.name!r} does not compute predictions yet")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+#: Backends by ``linear_algebra`` name.
+BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
+    """Add ``backend`` to :data:`BACKENDS` under ``backend.name`` and return it.
+
+    Raises:
+        ValueError: the name is empty or already registered (unless ``replace``), or the options type is not a
+            frozen dataclass.
+    """
+    name = getattr(backend, "name", "")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a backend needs a non-empty string name, got {name!r}")
+    if name in BACKENDS and not replace:
+        raise ValueError(f"a backend named {name!r} is already registered")
+    opt = backend.options_type
+    if not (dataclasses.is_dataclass(opt) and opt.__dataclass_params__.frozen):
+        raise ValueError(f"backend {name!r}: options_type must be a frozen dataclass, got {opt!r}")
+    BACKENDS[name] = backend
+    return backend
+
+
+def unregister_backend(name: str) -> Backend:
+    """Remove and return the backend registered as ``name`` (KeyError when there is none)."""
+    return BACKENDS.pop(name)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend registered as ``name``.
+
+    Raises:
+        ValueError: no backend has that name (the message lists the registered names).
+    """
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"linear_algebra must be one of {tuple(BACKENDS)}, got {name!r}")
+    return BACKENDS[name]
+
+
+def option_names(backend: Backend) -> tuple[str, ...]:
+    """The keyword options of a backend (the fields of its options type)."""
+    return tuple(f.name for f in dataclasses.fields(backend.options_type))
+
+
+def make_options(backend: Backend, method: str = "auto", **kwargs):
+    """The backend's options from GPMSRM keywords.
+
+    A keyword given as None takes the backend's default. ``method`` goes into the options when the options type
+    has that field; otherwise only ``"auto"`` is accepted.
+
+    Raises:
+        ValueError: a keyword that is not an option of this backend (named, with the backends it belongs to), or
+            an invalid value (from the options type's validation).
+    """
+    own = option_names(backend)
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    for key in given:
+        if key not in own or key == "method":
+            owners = [n for n, b in BACKENDS.items() if key in option_names(b)]
+            where = f"; it is an option of linear_algebra={' or '.join(map(repr, owners))}" if owners else ""
+            raise ValueError(f"option {key!r} does not apply to linear_algebra={backend.name!r}{where} "
+                             f"(options of {backend.name!r}: {sorted(set(own) - {'method'})})")
+    if "method" in own:
+        given["method"] = method
+    elif method != "auto":
+        raise ValueError(f"method={method!r}: linear_algebra={backend.name!r} has no method option")
+    return backend.options_type(**given)
+
+
+# The built-in backends: each module defines its Backend subclass and registers it with register_backend at its end
+# (importing this module imports them; either may be imported first).
+from . import grouped, state_space  # noqa: E402,F401  ("dense", "grouped"; "state_space")

@@ -1,0 +1,98 @@
+"""The ``"dense"`` and ``"grouped"`` backends: the node-space Woodbury likelihood of :mod:`msrm.gp.likelihood`.
+
+``"grouped"`` works on the node table (one node per distinct (response group, sample time)), ``"dense"`` on the
+ungrouped table (every (stream, sample) its own node, the reference); both are prepared by
+:func:`msrm.gp.prepare.prepare`. With ``batch_runs=True`` (default) the runs are stacked by shape signature
+(:func:`msrm.gp.multirun.stack_runs`: one ``jax.vmap`` per stack, padded within ``pad_tolerance``, sharded over
+several devices); ``batch_runs=False`` evaluates each run as a stack of its own (one device). Both give the same
+values to rounding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+
+from . import likelihood, memory, multirun
+from .backends import Backend, register_backend
+from .prepare import Prepared, prepare
+
+__all__ = ["GroupedOptions", "GroupedBackend", "DENSE", "GROUPED"]
+
+
+@dataclass(frozen=True)
+class GroupedOptions:
+    """Options of the dense and grouped backends.
+
+    Fields:
+        method: the factorization (:func:`msrm.gp.linalg.quad_logdet`): ``"auto"``, ``"callback"`` (LAPACK on the
+            host) or ``"native"`` (JAX).
+        batch_runs: stack runs by shape signature and vmap them (True); False evaluates each run on its own, on one
+            device.
+        pad_tolerance: runs of one structure share a stack when padding grows their node count and grid by at most
+            this fraction (exact: dummy nodes and grid points add nothing); 0 stacks only equal sizes.
+    """
+
+    method: str = "auto"
+    batch_runs: bool = True
+    pad_tolerance: float = 0.1
+
+    def __post_init__(self):
+        if self.method not in ("auto", "callback", "native"):
+            raise ValueError(f"method must be 'auto', 'callback' or 'native', got {self.method!r}")
+        if not isinstance(self.batch_runs, (bool, np.bool_)):
+            raise ValueError(f"batch_runs must be True or False, got {self.batch_runs!r}")
+        tol = self.pad_tolerance
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (np.isfinite(tol) and tol >= 0):
+            raise ValueError(f"pad_tolerance must be a finite number >= 0, got {tol!r}")
+
+
+class GroupedBackend(Backend):
+    """The node-space likelihood on the grouped (``grouped=True``) or the ungrouped dense node table."""
+
+    options_type = GroupedOptions
+
+    def __init__(self, name: str, grouped: bool):
+        self.name = name
+        self.grouped = grouped
+
+    def prepare(self, data, spec, options: GroupedOptions) -> Prepared:
+        return prepare(data, spec, grouped=self.grouped, method=options.method)
+
+    def node_counts(self, prepared: Prepared) -> list[int]:
+        return [int(r.layout.n_nodes) for r in prepared.runs]
+
+    def peak_bytes(self, prepared: Prepared, options: GroupedOptions) -> tuple[int, int]:
+        """:func:`msrm.gp.memory.likelihood_peak_bytes` of the node counts each run is factorized with (after
+        padding to its stack when ``batch_runs``)."""
+        counts = (multirun.padded_node_counts(prepared.runs, options.pad_tolerance) if options.batch_runs
+                  else self.node_counts(prepared))
+        K = prepared.runs[0].layout.n_factors if prepared.runs else 1
+        return memory.likelihood_peak_bytes(counts, K)
+
+    def devices(self, options: GroupedOptions, devices: list, commit: bool) -> list:
+        """Several devices shard stacked runs (native factorization there); the per-run evaluation takes one."""
+        if len(devices) > 1 and commit and not options.batch_runs:
+            raise ValueError(
+                f"devices: sharding runs over {len(devices)} devices needs batch_runs=True (got "
+                f"linear_algebra={self.name!r}, batch_runs=False); pass one device")
+        devices = list(devices if options.batch_runs else devices[:1])
+        multirun.mesh_method(options.method, len(devices))  # refuses method='callback' on several devices
+        return devices
+
+    def place(self, prepared: Prepared, options: GroupedOptions, devices: list, commit: bool):
+        if options.batch_runs:
+            return multirun.stack_runs(prepared, devices=devices if commit else None,
+                                       pad_tolerance=options.pad_tolerance), devices
+        return jax.device_put(prepared, devices[0] if commit else None), devices
+
+    def loglik(self, theta, prepared):
+        return likelihood.grouped_loglik(theta, prepared)
+
+    def run_logliks(self, theta, prepared):
+        return likelihood.run_logliks(theta, prepared)
+
+
+DENSE = register_backend(GroupedBackend("dense", grouped=False))
+GROUPED = register_backend(GroupedBackend("grouped", grouped=True))
