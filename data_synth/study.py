@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 import msrm
+from msrm.kernels import get_kernel
 from msrm.operators import response_weights
 from msrm.spec import ModelSpec, latent_grid
 
@@ -99,17 +100,8 @@ class Truth:
 
 
 def matern_kernel(r: np.ndarray, lengthscale: float, kernel: str) -> np.ndarray:
-    """Unit-variance Matern correlation k_nu(r; l) for nu = 1/2, 3/2, 5/2 (DESIGN.md section 1)."""
-    r = np.abs(np.asarray(r, dtype=np.float64)) / lengthscale
-    if kernel == "matern12":
-        return np.exp(-r)
-    if kernel == "matern32":
-        s = math.sqrt(3.0) * r
-        return (1.0 + s) * np.exp(-s)
-    if kernel == "matern52":
-        s = math.sqrt(5.0) * r
-        return (1.0 + s + s * s / 3.0) * np.exp(-s)
-    raise ValueError(f"unknown kernel {kernel!r}")
+    """Unit-variance correlation ``k(|r|; l)`` of a registered kernel (:mod:`msrm.kernels`)."""
+    return get_kernel(kernel).correlation(np.abs(np.asarray(r, dtype=np.float64)), float(lengthscale), np)
 
 
 def _draw_latents(rng: np.random.Generator, grid: np.ndarray, lengthscales: np.ndarray, kernel: str) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import runtime
+from . import kernels, responses, runtime
 from .data import Dataset, Run, Stream
 from .nodes import count_nodes, prepare_nodes, response_groups
 from .operators import response_weights, response_weights_csr
@@ -21,7 +21,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Stream", "Run", "Dataset", "ModelSpec", "Identity", "GaussianLag", "GaussianWidthLag", "latent_grid",
     "Params", "GPMSRM", "fit_rmsrm", "load_rfit", "RFit", "diagnostics", "runtime", "parallel",
-    "response_weights", "response_weights_csr", "prepare_nodes", "response_groups", "count_nodes",
+    "response_weights", "response_weights_csr", "prepare_nodes", "response_groups", "count_nodes", "kernels",
+    "responses",
 ]
 
 # Resolved on first access so that `import msrm` never imports JAX (R-MSRM is NumPy/SciPy only).

@@ -1,10 +1,13 @@
 """The canonical response operator: weight rows over the latent grid.
 
-For sample times ``t`` (n,), a response and its parameters ``theta``, the operator ``A`` (n, J) has rows
+For sample times ``t`` (n,), a response and its parameters ``theta``, the operator ``A`` (n, J) has the rows
+the response defines as a function of ``t_i - tau_j`` (:meth:`msrm.responses.Response.weights`), e.g.
 
 - Identity: ``A[i, j] = max(0, 1 - |t_i - tau_j| / Delta)`` (exact linear interpolation);
 - Gaussian: ``A[i, j] = g_ij / sum_l g_il``, ``g_ij = exp(-(t_i - mu - tau_j)^2 / (2 sigma^2))`` normalised over
   the whole grid (computed as a softmax, so it never underflows to 0/0).
+
+Nothing here depends on which response it is: the functions below lay out grid windows and ask the response.
 
 Three forms, one definition:
 
@@ -13,20 +16,19 @@ Three forms, one definition:
   (R-MSRM), with analytic derivatives in theta;
 - :func:`window_layout` + :func:`jax_window_weights` - static-shape windows for JAX, differentiable in theta.
 
-The fixed window of a Gaussian response covers ``[t - lag_max - 7.5 sigma_max, t - lag_min + 7.5 sigma_max]``,
-so for every allowed (lag, width) it holds every grid point within 7.5 sigma of the centre; what it drops is below
-``exp(-7.5^2/2) = 6.1e-13`` of the row's largest weight. The density stays smooth in theta (no hard cut-off that
-moves with theta).
+Each response fixes its window from its bounds (:meth:`msrm.responses.Response.window`). A Gaussian's covers
+``[t - lag_max - 7.5 sigma_max, t - lag_min + 7.5 sigma_max]``, so for every allowed (lag, width) it holds every
+grid point within 7.5 sigma of the centre; what it drops is below ``exp(-7.5^2/2) = 6.1e-13`` of the row's
+largest weight. The density stays smooth in theta (no hard cut-off that moves with theta).
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
 
-from .responses import WINDOW_SIGMAS, GaussianWidthLag, Identity, Response
+from .responses import Response, grid_step
 
 __all__ = [
     "response_weights",
@@ -39,15 +41,8 @@ __all__ = [
 ]
 
 
-def _grid_step(grid: np.ndarray) -> float:
-    grid = np.asarray(grid, dtype=np.float64)
-    if grid.ndim != 1 or grid.size < 2:
-        raise ValueError(f"grid must be 1-D with at least 2 points, got shape {grid.shape}")
-    return float(grid[1] - grid[0])
-
-
-def _theta(response: Response, theta: dict | None) -> tuple[float, float]:
-    return response.fixed_theta(response.check_theta(theta or {}, where=type(response).__name__))
+def _checked(response: Response, theta: dict | None) -> dict[str, float]:
+    return response.check_theta(theta or {}, where=response.name)
 
 
 def response_weights(times, response: Response, theta: dict | None, grid) -> np.ndarray:
@@ -55,23 +50,16 @@ def response_weights(times, response: Response, theta: dict | None, grid) -> np.
 
     Args:
         times: (n,) sample times in seconds.
-        response: Identity, GaussianLag or GaussianWidthLag.
-        theta: {"lag": ..., "width": ...} as the response needs (ignored keys are an error).
+        response: a :class:`~msrm.responses.Response`.
+        theta: its parameters, e.g. {"lag": ..., "width": ...} (unknown keys are an error).
         grid: (J,) latent grid.
     Returns:
         (n, J) float64 rows.
     """
-    t = np.asarray(times, dtype=np.float64)[:, None]
-    tau = np.asarray(grid, dtype=np.float64)[None, :]
-    delta_grid = _grid_step(grid)
-    if isinstance(response, Identity):
-        response.check_theta(theta or {}, where="Identity")
-        return np.maximum(0.0, 1.0 - np.abs(t - tau) / delta_grid)
-    mu, sigma = _theta(response, theta)
-    logits = -((t - mu - tau) ** 2) / (2.0 * sigma**2)
-    logits -= logits.max(axis=1, keepdims=True)
-    g = np.exp(logits)
-    return g / g.sum(axis=1, keepdims=True)
+    d = grid_step(grid)
+    theta = _checked(response, theta)
+    delta = np.asarray(times, dtype=np.float64)[:, None] - np.asarray(grid, dtype=np.float64)[None, :]
+    return response.weights(delta, np.ones(delta.shape, dtype=bool), theta, d)
 
 
 class WindowLayout(NamedTuple):
@@ -95,21 +83,13 @@ class WindowLayout(NamedTuple):
 
 
 def window_layout(times, response: Response, grid) -> WindowLayout:
-    """Fixed windows wide enough for every parameter value the response's bounds allow."""
+    """Fixed windows wide enough for every parameter value the response's bounds allow, clipped to the grid."""
     t = np.asarray(times, dtype=np.float64)
     grid = np.asarray(grid, dtype=np.float64)
-    d = _grid_step(grid)
+    d = grid_step(grid)
     J = grid.size
-    if isinstance(response, Identity):
-        w = 2
-        first = np.floor((t - grid[0]) / d + 1e-12).astype(np.int64)
-    else:
-        lag_lo, lag_hi = response.lag_range()
-        s_max = response.width_range()[1]
-        reach = WINDOW_SIGMAS * s_max
-        w = int(math.floor((lag_hi - lag_lo + 2 * reach) / d + 1e-9)) + 2
-        first = np.ceil((t - lag_hi - reach - grid[0]) / d - 1e-9).astype(np.int64)
-    w = min(w, J)
+    first, w = response.window(t, grid)
+    w = min(int(w), J)
     start = np.clip(first, 0, J - w)
     idx = start[:, None] + np.arange(w)[None, :]
     delta = t[:, None] - grid[idx]
@@ -119,26 +99,10 @@ def window_layout(times, response: Response, grid) -> WindowLayout:
 
 def window_weights(response: Response, theta: dict | None, layout: WindowLayout, *, derivs: bool = False):
     """NumPy weights on a window layout: (n, w), and optionally {name: d weights / d name}."""
-    if isinstance(response, Identity):
-        response.check_theta(theta or {}, where="Identity")
-        a = np.where(layout.valid, np.maximum(0.0, 1.0 - np.abs(layout.delta) / layout.grid_step), 0.0)
-        return (a, {}) if derivs else a
-    mu, sigma = _theta(response, theta)
-    r = layout.delta - mu  # t - mu - tau
-    logits = np.where(layout.valid, -(r**2) / (2.0 * sigma**2), -np.inf)
-    logits = logits - logits.max(axis=1, keepdims=True)
-    g = np.exp(logits)
-    a = g / g.sum(axis=1, keepdims=True)
-    if not derivs:
-        return a
-    # a = softmax(l): da/dθ = a * (dl/dθ - sum_i a_i dl_i/dθ)
-    out = {}
-    dl = {"lag": np.where(layout.valid, r / sigma**2, 0.0)}
-    if "width" in response.param_names:
-        dl["width"] = np.where(layout.valid, r**2 / sigma**3, 0.0)
-    for name, dln in dl.items():
-        out[name] = a * (dln - (a * dln).sum(axis=1, keepdims=True))
-    return a, out
+    theta = _checked(response, theta)
+    if derivs:
+        return response.weight_derivs(layout.delta, layout.valid, theta, layout.grid_step)
+    return response.weights(layout.delta, layout.valid, theta, layout.grid_step)
 
 
 def _csr(layout: WindowLayout, vals: np.ndarray) -> sp.csr_matrix:
@@ -169,22 +133,10 @@ def jax_window_weights(theta, response: Response, layout: WindowLayout):
     """JAX weights (n, w) on a static layout, differentiable in theta.
 
     Args:
-        theta: dict with the response's parameters as JAX scalars; for GaussianLag the fixed width is taken
-            from the response. Ignored for Identity.
+        theta: dict with the response's parameters as JAX scalars (empty for a response without parameters).
         response: the response.
         layout: from :func:`window_layout` (NumPy, prepared once).
     """
     import jax.numpy as jnp
 
-    delta = jnp.asarray(layout.delta)
-    valid = jnp.asarray(layout.valid)
-    if isinstance(response, Identity):
-        return jnp.where(valid, jnp.maximum(0.0, 1.0 - jnp.abs(delta) / layout.grid_step), 0.0)
-    mu = theta["lag"]
-    sigma = theta["width"] if isinstance(response, GaussianWidthLag) else response.width
-    logits = jnp.where(valid, -((delta - mu) ** 2) / (2.0 * sigma**2), -jnp.inf)
-    logits = logits - jnp.max(logits, axis=1, keepdims=True)
-    g = jnp.exp(logits)
-    return g / jnp.sum(g, axis=1, keepdims=True)
-
-
+    return response.weights(jnp.asarray(layout.delta), jnp.asarray(layout.valid), theta, layout.grid_step, jnp)

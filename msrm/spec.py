@@ -7,11 +7,11 @@ from typing import Mapping
 
 import numpy as np
 
-from .responses import Response
+from .kernels import KERNELS, Kernel, get_kernel
+from .responses import Response, response_from_dict
 
 __all__ = ["ModelSpec", "latent_grid", "KERNELS", "POOLINGS"]
 
-KERNELS = ("matern12", "matern32", "matern52")
 POOLINGS = ("shared", "individual")
 
 
@@ -22,7 +22,7 @@ class ModelSpec:
     Args:
         n_factors: K >= 1 latent factors.
         latent_dt: grid step Delta in seconds (> 0).
-        kernel: GP prior kernel, one of ``"matern12"``, ``"matern32"``, ``"matern52"``.
+        kernel: GP prior kernel, a name in :data:`msrm.kernels.KERNELS` (e.g. ``"matern32"``).
         pooling: ``"shared"`` (one response theta per modality) or ``"individual"`` (one per stream).
         latent_pad: seconds of grid before t = 0; ``None`` = the largest response support the bounds allow
             (lag_max + 4 width_max). Rounded up to a multiple of ``latent_dt``.
@@ -47,8 +47,7 @@ class ModelSpec:
         if not math.isfinite(dt) or dt <= 0:
             raise ValueError(f"latent_dt must be finite and > 0, got {self.latent_dt!r}")
         object.__setattr__(self, "latent_dt", dt)
-        if self.kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
+        get_kernel(self.kernel)  # ValueError naming the known kernels
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         if self.latent_pad is not None:
@@ -65,8 +64,14 @@ class ModelSpec:
             if not isinstance(m, str) or not m or "/" in m:
                 raise ValueError(f"response modality names must be non-empty strings without '/', got {m!r}")
             if not isinstance(r, Response):
-                raise ValueError(f"response for modality {m!r} must be msrm.Identity/GaussianLag/GaussianWidthLag")
+                raise ValueError(f"response for modality {m!r} must be an msrm.responses.Response (Identity, "
+                                 f"GaussianLag, ...), got {type(r).__name__}")
         object.__setattr__(self, "responses", responses)
+
+    @property
+    def prior(self) -> Kernel:
+        """The kernel object named by ``kernel`` (:data:`msrm.kernels.KERNELS`)."""
+        return get_kernel(self.kernel)
 
     def response(self, modality: str) -> Response:
         try:
@@ -91,35 +96,23 @@ class ModelSpec:
 
     def to_dict(self) -> dict:
         """JSON-ready description (archives)."""
-        def resp(r: Response) -> dict:
-            d = {"type": type(r).__name__}
-            for name in ("width", "lag_bounds", "width_bounds"):
-                if hasattr(r, name):
-                    v = getattr(r, name)
-                    d[name] = list(v) if isinstance(v, tuple) else v
-            return d
-
         return {
             "n_factors": self.n_factors,
             "latent_dt": self.latent_dt,
             "kernel": self.kernel,
             "pooling": self.pooling,
             "latent_pad": self.latent_pad,
-            "responses": {m: resp(r) for m, r in self.responses.items()},
+            "responses": {m: r.to_dict() for m, r in self.responses.items()},
         }
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "ModelSpec":
-        from . import responses as R
-
-        kinds = {"Identity": R.Identity, "GaussianLag": R.GaussianLag, "GaussianWidthLag": R.GaussianWidthLag}
         resp = {}
         for m, rd in d["responses"].items():
-            rd = dict(rd)
-            kind = rd.pop("type")
-            if kind not in kinds:
-                raise ValueError(f"unknown response type {kind!r} for modality {m!r}")
-            resp[m] = kinds[kind](**{k: tuple(v) if isinstance(v, list) else v for k, v in rd.items()})
+            try:
+                resp[m] = response_from_dict(rd)
+            except ValueError as exc:
+                raise ValueError(f"modality {m!r}: {exc}") from None
         return cls(
             n_factors=int(d["n_factors"]),
             latent_dt=float(d["latent_dt"]),

@@ -24,7 +24,7 @@ from msrm.gp.state_space import embedding, sde
 from msrm.gp.state_space.adjoint import run_loglik_adjoint
 from msrm.gp.state_space.filter import run_loglik_sequential
 
-KERNELS = ("matern12", "matern32", "matern52")
+KERNELS = tuple(msrm.kernels.KERNELS)  # every registered kernel
 
 
 def theta_of(p: msrm.Params) -> dict:

@@ -1,50 +1,32 @@
-r"""Matérn correlations of the GP prior on the latent grid, in JAX.
+r"""Kernel matrices of the GP prior on the latent grid, in JAX.
 
-Each factor ``k`` has a unit-variance Matérn prior over the grid, ``K_k[j, j'] = k_nu(|tau_j - tau_j'|; l_k)``:
-
-.. math::
-
-    k_{1/2}(r) = e^{-r/\ell}, \qquad
-    k_{3/2}(r) = (1 + \sqrt3 r/\ell)\, e^{-\sqrt3 r/\ell}, \qquad
-    k_{5/2}(r) = (1 + \sqrt5 r/\ell + 5 r^2 / (3 \ell^2))\, e^{-\sqrt5 r/\ell}.
+Each factor ``k`` has a unit-variance prior over the grid, ``K_k[j, j'] = k(|tau_j - tau_j'|; l_k)`` with the
+correlation of the spec's kernel (:mod:`msrm.kernels`, which defines every kernel's forms).
 
 Distances ``r >= 0`` are static (prepared once from the grid), so every function here is smooth in ``l`` and
 safe to differentiate (no ``sqrt`` of a squared distance at ``r = 0``).
 """
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 import numpy as np
 
-from ..spec import KERNELS
+from ..kernels import get_kernel
 
 __all__ = ["matern", "kernel_matrices", "grid_distances"]
 
-_SQRT3 = math.sqrt(3.0)
-_SQRT5 = math.sqrt(5.0)
-
 
 def matern(r, lengthscale, kernel: str):
-    """Unit-variance Matérn correlation ``k_nu(r; l)``.
+    """Unit-variance correlation ``k(r; l)`` of a registered kernel, in JAX.
 
     Args:
         r: (...) non-negative distances in seconds (any array shape).
         lengthscale: scalar (or broadcastable) lengthscale ``l > 0`` in seconds.
-        kernel: ``"matern12"``, ``"matern32"`` or ``"matern52"``.
+        kernel: a name in :data:`msrm.kernels.KERNELS`.
     Returns:
         array of ``r``'s broadcast shape.
     """
-    if kernel == "matern12":
-        return jnp.exp(-r / lengthscale)
-    if kernel == "matern32":
-        s = _SQRT3 * r / lengthscale
-        return (1.0 + s) * jnp.exp(-s)
-    if kernel == "matern52":
-        s = _SQRT5 * r / lengthscale
-        return (1.0 + s + s * s / 3.0) * jnp.exp(-s)
-    raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    return get_kernel(kernel).correlation(r, lengthscale, jnp)
 
 
 def kernel_matrices(dist, lengthscales, kernel: str):
@@ -53,7 +35,7 @@ def kernel_matrices(dist, lengthscales, kernel: str):
     Args:
         dist: (J, J) static distances ``|tau_j - tau_j'|``.
         lengthscales: (K,) lengthscales.
-        kernel: Matérn name.
+        kernel: kernel name.
     Returns:
         (K, J, J) matrices ``K_k``.
     """

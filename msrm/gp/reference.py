@@ -8,17 +8,16 @@ canonical dense response row (:func:`msrm.operators.response_weights`) and ``K_k
     \mathrm{Cov}(y_o, y_{o'}) = \sum_k W_{s f k} W_{s' f' k}\, a_{si}^\top K_k a_{s'i'} + \delta_{oo'} \sigma_{sf}^2,
 
 and ``log p(y) = sum over runs of scipy.stats.multivariate_normal.logpdf(y, b, Cov)``. NumPy/SciPy only and
-O(n_obs^3): for tiny datasets in tests. It shares no code with the fast paths except the canonical response
-rows and the data model.
+O(n_obs^3): for tiny datasets in tests. It shares no code with the fast paths except the definitions (the
+kernel's correlation, the canonical response rows) and the data model.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from scipy.stats import multivariate_normal
 
 from ..data import Dataset
+from ..kernels import get_kernel
 from ..nodes import response_groups
 from ..operators import response_weights
 from ..params import Params
@@ -28,15 +27,8 @@ __all__ = ["matern_numpy", "run_covariance", "brute_force_loglik"]
 
 
 def matern_numpy(r: np.ndarray, lengthscale: float, kernel: str) -> np.ndarray:
-    """Unit-variance Matérn correlation in NumPy (independent of the JAX kernels)."""
-    x = np.abs(r) / lengthscale
-    if kernel == "matern12":
-        return np.exp(-x)
-    if kernel == "matern32":
-        return (1.0 + math.sqrt(3.0) * x) * np.exp(-math.sqrt(3.0) * x)
-    if kernel == "matern52":
-        return (1.0 + math.sqrt(5.0) * x + 5.0 * x * x / 3.0) * np.exp(-math.sqrt(5.0) * x)
-    raise ValueError(f"unknown kernel {kernel!r}")
+    """Unit-variance kernel correlation in NumPy, ``k(|r|; l)`` (the kernel class's own definition)."""
+    return get_kernel(kernel).correlation(np.abs(np.asarray(r, dtype=np.float64)), float(lengthscale), np)
 
 
 def run_covariance(run, spec: ModelSpec, params: Params, groups) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

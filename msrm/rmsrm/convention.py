@@ -17,12 +17,10 @@ N(0, 0.5^2) noise to every grid value and draws each response parameter uniforml
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import brentq
 
+from ..kernels import get_kernel
 from .objective import RState, penalty_metric
 from .prepare import Prepared
 
@@ -155,18 +153,8 @@ def canonical(prep: Prepared, state: RState) -> RState:
     return state._replace(Z=Z, W=W, b=b)
 
 
-def _matern(s: float, kernel: str) -> float:
-    if kernel == "matern12":
-        return math.exp(-s)
-    if kernel == "matern32":
-        a = math.sqrt(3.0) * s
-        return (1.0 + a) * math.exp(-a)
-    a = math.sqrt(5.0) * s
-    return (1.0 + a + a * a / 3.0) * math.exp(-a)
-
-
 def estimate_lengthscales(Z: tuple, latent_dt: float, kernel: str) -> np.ndarray:
-    """Half-correlation estimate of each factor's Matern lengthscale (a starting value for GP fits).
+    """Half-correlation estimate of each factor's kernel lengthscale (a starting value for GP fits).
 
     For each factor the pooled empirical autocorrelation of the (centred) latents on the grid is computed at
     lags 1, 2, ...; the first lag r where it falls to 0.5 (linearly interpolated) gives ``l = r / c`` with c
@@ -176,7 +164,7 @@ def estimate_lengthscales(Z: tuple, latent_dt: float, kernel: str) -> np.ndarray
     Returns:
         (K,) lengthscales in seconds.
     """
-    c = brentq(lambda s: _matern(s, kernel) - 0.5, 1e-6, 50.0)
+    c = get_kernel(kernel).half_distance
     allz = np.concatenate(Z, axis=0)
     m = allz.mean(axis=0)
     K = allz.shape[1]

@@ -16,7 +16,7 @@ step ``j = s + w - 1`` where its window ends, as the filter ``x = sum_q h_q z_{j
   spread geometrically from Δ/2 to the widest window (a fixed-pole rational approximation of each window's
   transfer function, the Kautz/Takenaka-Malmquist construction; not a Padé approximant, whose poles would move
   with the lag). Both approximate the *discrete* response filter of the exact density, not a continuous
-  convolution; Identity responses (two taps) stay exact through a one-slot ring. With pole 0 the basis is the
+  convolution; two-tap responses (Identity, :attr:`~msrm.responses.Response.two_tap`) stay exact through a one-slot ring. With pole 0 the basis is the
   unit delays, so a Laguerre bank with ``n >= w`` and ``p = 0`` is again exact.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from ...operators import window_layout, window_weights
-from ...responses import Identity, Response
+from ...responses import Response
 
 __all__ = ["EMBEDDINGS", "bank_realisation", "bank_impulse", "projection", "laguerre_pole", "rational_poles",
            "design_bank"]
@@ -78,18 +78,12 @@ def projection(G: np.ndarray, width: int) -> np.ndarray:
 
 
 def _probe_filters(response: Response, grid_step: float, width_cap: int) -> np.ndarray:
-    """Window filters ``h`` (rows, reversed windows) over a probe set of parameters and sub-grid offsets."""
-    lo, hi = response.lag_range()
-    w_lo, w_hi = response.width_range()
+    """Window filters ``h`` (rows, reversed windows) over the response's probe parameters
+    (:meth:`~msrm.responses.Response.probe_thetas`) and sub-grid offsets."""
     grid = np.arange(max(4 * width_cap, 64), dtype=np.float64) * grid_step
     times = grid[2 * width_cap] + grid_step * np.array([0.0, 0.25, 0.5, 0.75])
     layout = window_layout(times, response, grid)
-    rows = []
-    for lag in np.linspace(lo, hi, 5):
-        for width in np.linspace(w_lo, w_hi, 3 if w_hi > w_lo else 1):
-            theta = {"lag": lag, "width": width}
-            theta = {k: theta[k] for k in response.param_names}
-            rows.append(window_weights(response, theta, layout)[:, ::-1])
+    rows = [window_weights(response, theta, layout)[:, ::-1] for theta in response.probe_thetas()]
     return np.concatenate(rows)
 
 
@@ -130,7 +124,7 @@ def design_bank(kind: str, n: int, responses: list[Response], widths: list[int],
     widest = max(widths)
     horizon = 4 * widest
     if kind == "laguerre":
-        probes = [_probe_filters(r, grid_step, w) for r, w in zip(responses, widths) if not isinstance(r, Identity)]
+        probes = [_probe_filters(r, grid_step, w) for r, w in zip(responses, widths) if not r.two_tap]
         poles = np.full(n, laguerre_pole(n, probes, horizon))
     elif kind == "rational":
         poles = rational_poles(n, grid_step, widest)
