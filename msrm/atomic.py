@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["atomic_path", "write_bytes", "write_text", "write_json", "write_npz", "read_npz", "append_jsonl"]
+__all__ = ["atomic_path", "write_bytes", "write_text", "write_json", "write_npz", "read_npz", "append_jsonl", "json_default"]
 
 
 @contextlib.contextmanager
@@ -60,7 +60,8 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """``json.dumps(default=...)`` for NumPy scalars and arrays and paths; TypeError for anything else."""
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, np.ndarray):
@@ -71,7 +72,7 @@ def _json_default(obj: Any) -> Any:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default, allow_nan=True))
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=json_default, allow_nan=True))
 
 
 def append_jsonl(path: str | os.PathLike, rows: list[dict]) -> None:
@@ -80,7 +81,7 @@ def append_jsonl(path: str | os.PathLike, rows: list[dict]) -> None:
     old = path.read_bytes() if path.exists() else b""
     if old and not old.endswith(b"\n"):
         old += b"\n"
-    new = "".join(json.dumps(r, sort_keys=True, default=_json_default, allow_nan=True) + "\n" for r in rows)
+    new = "".join(json.dumps(r, sort_keys=True, default=json_default, allow_nan=True) + "\n" for r in rows)
     write_bytes(path, old + new.encode("utf-8"))
 
 

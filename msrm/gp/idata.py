@@ -118,7 +118,7 @@ def json_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in attrs.items():
         if isinstance(v, (dict, list, tuple)) or v is None:
-            out[k] = json.dumps(v, default=atomic._json_default, allow_nan=True, sort_keys=True)
+            out[k] = json.dumps(v, default=atomic.json_default, allow_nan=True, sort_keys=True)
         elif isinstance(v, (bool, np.bool_)):
             out[k] = int(v)
         else:

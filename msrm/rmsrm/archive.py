@@ -108,7 +108,7 @@ def save_rfit(fit, path) -> None:
         "restart_seeds": list(fit.restart_seeds),
         "diagnostics": list(fit.diagnostics),
     }
-    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True, default=atomic._json_default))
+    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True, default=atomic.json_default))
     atomic.write_npz(path, arrays)
 
 
