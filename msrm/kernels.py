@@ -161,6 +161,13 @@ class Matern52(HalfIntegerMatern):
     name, p = "matern52", 2
 
 
+class Matern72(HalfIntegerMatern):
+    """Matérn-7/2: ``k(r) = (1 + sqrt7 r/l + 14 r^2/(5 l^2) + 7 sqrt7 r^3/(15 l^3)) e^{-sqrt7 r/l}``; four SDE
+    states."""
+
+    name, p = "matern72", 3
+
+
 KERNELS: dict[str, Kernel] = {}
 
 
@@ -185,3 +192,4 @@ def get_kernel(name: str) -> Kernel:
 register_kernel(Matern12())
 register_kernel(Matern32())
 register_kernel(Matern52())
+register_kernel(Matern72())

@@ -25,6 +25,8 @@ CLOSED_FORMS = {
     "matern12": lambda r, l: np.exp(-r / l),
     "matern32": lambda r, l: (1 + S3 * r / l) * np.exp(-S3 * r / l),
     "matern52": lambda r, l: (1 + S5 * r / l + 5 * r**2 / (3 * l**2)) * np.exp(-S5 * r / l),
+    "matern72": lambda r, l: (1 + S7 * r / l + 14 * r**2 / (5 * l**2) + 7 * S7 * r**3 / (15 * l**3))
+    * np.exp(-S7 * r / l),
 }
 
 
@@ -79,6 +81,11 @@ def test_unknown_kernel_names_raise():
         register_kernel("matern32")
     with pytest.raises(NotImplementedError):
         Kernel().correlation(1.0, 1.0)
+
+
+def test_half_integer_coefficients_are_the_matern_polynomials():
+    assert get_kernel("matern72").coefficients == pytest.approx((1.0, 1.0, 2 / 5, 1 / 15), rel=1e-15)
+    assert isinstance(get_kernel("matern72"), HalfIntegerMatern) and get_kernel("matern72").n_states == 4
 
 
 def _fd_check(model, u, names, pick):
