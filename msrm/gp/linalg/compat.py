@@ -13,8 +13,8 @@ setting the first fixed version in :data:`AFFECTED`).
    on two cores, or independent branches of one program), every thread waits for work only a waiting thread
    could do, and the program never finishes. Workaround: :func:`per_item_on_cpu` runs a batch one item at a
    time on the CPU, so that every LAPACK call inside is unbatched. (:func:`msrm.gp.linalg.small_cholesky`,
-   used for the K x K node factors, makes no LAPACK call at all for small K; it is used on every platform
-   because it is also the cheaper form there.)
+   used for the K x K node factors, makes no LAPACK call at all for small K; it is not gated, since it is
+   also cheaper than a LAPACK call per node.)
 2. **The LAPACK host callback needs two CPUs** (:data:`CALLBACK_NEEDS_TWO_CPUS`). With one usable CPU
    XLA's intra-op pool has a single worker, and a ``jax.pure_callback``, which runs on it, can wait forever
    for its own operands. Workaround: ``method="auto"`` resolves to the native path on one CPU
