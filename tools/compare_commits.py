@@ -1,0 +1,136 @@
+"""Compare two source trees of msrm on the same case: densities, gradients and value+grad time, side by side.
+
+    python tools/compare_commits.py compare --base ../old-checkout --head . [--rounds 3] [--repeats 5] [--out f.json]
+
+Each (case, backend) is measured in a fresh process per tree, the two trees alternating round by round (so a
+slow period of the machine hits both), with the tree first on ``PYTHONPATH``. A process builds the case with
+``data_synth.synthetic_dataset`` and times ``model.value_and_grad(u)`` at the true parameters: one compiling
+call, then ``--repeats`` warm calls (the median is its figure). It uses only the public API, so any commit
+with ``GPMSRM``/``data_synth`` can be measured. The report gives, per case, the relative difference of the
+log density and of the gradient (max-norm) between the trees, each tree's median over rounds with the spread,
+and head/base.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CASES = {
+    # name: (profile, n_features, K, duration_scale)
+    "tiny": ("tiny", 3, 2, 1.0),
+    "one-eighth-K3": ("one-eighth", 3600, 3, 1.0),
+    "x8-K5": ("one-eighth", 3600, 5, 8.0),
+}
+
+
+def measure(case: str, backend: str, repeats: int) -> dict:
+    import numpy as np
+    from threadpoolctl import threadpool_info
+
+    import data_synth
+    import msrm
+
+    msrm.runtime.configure(platform="cpu")
+    profile, F, K, scale = CASES[case]
+    data, truth = data_synth.synthetic_dataset(profile, n_features=F, n_factors=K, duration_scale=scale, seed=0)
+    out = {"case": case, "backend": backend, "msrm_file": msrm.__file__,
+           "blas": [{k: d.get(k) for k in ("internal_api", "architecture", "num_threads")} for d in threadpool_info()],
+           "loadavg": os.getloadavg()[0]}
+    try:
+        model = msrm.GPMSRM(data, truth.spec, linear_algebra=backend)
+    except MemoryError as exc:  # the memory guard refuses before any numerics
+        return {**out, "refused": str(exc)[:300]}
+    u = model.unconstrain(truth.params)
+    t0 = time.perf_counter()
+    value, grad = model.value_and_grad(u)
+    out["first_s"] = time.perf_counter() - t0
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model.value_and_grad(u)
+        samples.append(time.perf_counter() - t0)
+    out.update(value=float(value), grad=np.asarray(grad, dtype=float).tolist(), samples=samples,
+               median_s=statistics.median(samples))
+    return out
+
+
+def _run(tree: Path, case: str, backend: str, repeats: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "measure", "--case", case, "--backend", backend,
+           "--repeats", str(repeats)]
+    res = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
+    if res.returncode != 0:
+        raise RuntimeError(f"{tree} {case} {backend} failed:\n{res.stderr[-3000:]}")
+    row = json.loads(res.stdout.strip().splitlines()[-1])
+    if not row["msrm_file"].startswith(str(tree.resolve())):
+        raise RuntimeError(f"{tree}: measured msrm from {row['msrm_file']}, not from the tree")
+    return row
+
+
+def compare(base: Path, head: Path, rounds: int, repeats: int, pairs) -> dict:
+    import numpy as np
+
+    report = {}
+    for case, backend in pairs:
+        runs = {"base": [], "head": []}
+        for r in range(rounds):
+            order = ("base", "head") if r % 2 == 0 else ("head", "base")
+            for side in order:
+                runs[side].append(_run(base if side == "base" else head, case, backend, repeats))
+        b, h = runs["base"][0], runs["head"][0]
+        key = f"{case}/{backend}"
+        if "refused" in b or "refused" in h:
+            report[key] = {"refused": {"base": b.get("refused"), "head": h.get("refused")}}
+            continue
+        gb, gh = np.asarray(b["grad"]), np.asarray(h["grad"])
+        med = {s: [x["median_s"] for x in runs[s]] for s in runs}
+        report[key] = {
+            "value_base": b["value"], "value_head": h["value"],
+            "value_rel_diff": abs(h["value"] - b["value"]) / abs(b["value"]),
+            "grad_rel_diff": float(np.max(np.abs(gh - gb)) / np.max(np.abs(gb))),
+            "median_s": {s: statistics.median(v) for s, v in med.items()},
+            "per_round_s": med,
+            "head_over_base": statistics.median(med["head"]) / statistics.median(med["base"]),
+            "blas": h["blas"], "loadavg": [x["loadavg"] for s in runs for x in runs[s]],
+        }
+        print(key, json.dumps({k: v for k, v in report[key].items() if k not in ("blas",)}), file=sys.stderr)
+    return report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--case", choices=sorted(CASES), required=True)
+    m.add_argument("--backend", required=True)
+    m.add_argument("--repeats", type=int, default=5)
+    c = sub.add_parser("compare")
+    c.add_argument("--base", type=Path, required=True)
+    c.add_argument("--head", type=Path, default=Path("."))
+    c.add_argument("--rounds", type=int, default=3)
+    c.add_argument("--repeats", type=int, default=5)
+    c.add_argument("--pairs", nargs="+", default=["one-eighth-K3:grouped", "one-eighth-K3:state_space",
+                                                  "x8-K5:state_space", "x8-K5:grouped"])
+    c.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    if args.command == "measure":
+        print(json.dumps(measure(args.case, args.backend, args.repeats)))
+        return 0
+    pairs = [tuple(s.split(":")) for s in args.pairs]
+    report = compare(args.base.resolve(), args.head.resolve(), args.rounds, args.repeats, pairs)
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
