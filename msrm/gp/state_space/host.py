@@ -36,17 +36,18 @@ from .prepare import RunTables
 
 __all__ = ["HostFilter", "one_blas_thread"]
 
-# S^2 x (mean update rank) from which the reverse pass recomputes on a second thread. On the 2-core development
-# machine the pipelined pass was 7% slower at one-eighth with K = 3 (S = 222, rank 45: 2.2e6) and 15-20% faster at
-# x8 with K = 5 (S = 335, rank 46: 5.2e6), both timed against the one-thread pass in one process.
+# S^2 x (mean update rank) from which the reverse pass recomputes on a second thread. Below it a sub-step's BLAS
+# work is too small to outweigh the GIL-held bookkeeping the second thread contends for, so the one-thread pass
+# is faster; the state-space benchmark rows compare both sides of the threshold (S = 222 at one-eighth with
+# K = 3 sits below it, S = 335 at x8 with K = 5 above).
 PIPELINE_MIN_WORK = 4.0e6
 
 
 def one_blas_thread():
     """Context: BLAS on one thread while the host filter runs (:func:`msrm.runtime.blas_limit`, which also works
-    from JAX's callback threads). Its products are small (S x S x M K); with OpenBLAS's own worker threads
-    waking beside XLA's thread pool the same pass was measured an order of magnitude slower on a two-core
-    machine."""
+    from JAX's callback threads). Its products are small (S x S x M K), too small to split across threads: with
+    OpenBLAS's own worker threads waking beside XLA's thread pool, the wake-ups and the contention for cores
+    cost more than the products themselves."""
     from ... import runtime
 
     return runtime.blas_limit(1)
