@@ -244,6 +244,7 @@ def sample(
             take under 256 MB.
     """
     import jax
+    import numpyro  # noqa: F401  (a missing `bayes` extra is an ImportError before any start point is computed)
 
     _check_arguments(model, num_warmup, num_samples, num_chains, chain_method, max_tree_depth, pointwise_loglik)
     timings: dict[str, float] = {}
