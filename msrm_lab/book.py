@@ -28,7 +28,7 @@ from .paths import repo_root
 __all__ = [
     "REFERENCE_LABEL", "NOT_MEASURED", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
     "device_summary", "reference_rows", "figure_paths", "fmt", "show_table", "figure_markdown", "show_figures",
-    "devices_in", "param_columns", "render_notebook", "pick", "run_statuses", "profile_sittings",
+    "devices_in", "param_columns", "pick", "run_statuses", "profile_sittings",
 ]
 
 REFERENCE_LABEL = "note, 2026-09-21"
@@ -317,27 +317,6 @@ def param_columns(df: pd.DataFrame, notebook: str, experiment: str | None = None
         sub = sub[sub["experiment"] == experiment]
     fixed = set(BASE_COLUMNS) | {c for c in df.columns if str(c).startswith("info_")}
     return [c for c in df.columns if c not in fixed and sub[c].notna().any()]
-
-
-def render_notebook(notebook: str, *, reference_sections: Sequence[str] = (), caption: str | None = None,
-                    df: pd.DataFrame | None = None) -> None:
-    """Render everything measured for one notebook: a device table per experiment, its figures per device,
-    and the note's reference rows for the given sections. Used by chapters that have no bespoke layout yet.
-    """
-    from IPython.display import Markdown, display
-
-    df = load_results() if df is None else df
-    sub = df[df["notebook"] == notebook]
-    if sub.empty:
-        display(Markdown(f"*`{notebook}`: {NOT_MEASURED} on any device (no results rows yet).*"))
-    for experiment in dict.fromkeys(sub["experiment"]):
-        index = ["metric", "unit"] + param_columns(df, notebook, experiment)
-        show_table(device_table(df, notebook, experiment=experiment, index=index),
-                   caption=f"{notebook}: {experiment}")
-    show_figures(notebook, caption or f"{notebook}")
-    for section in reference_sections:
-        show_table(reference_rows(section).drop(columns=["section"]), caption=f"Reference figures ({REFERENCE_LABEL}):"
-                   f" {section}", kind="reference")
 
 
 def pick(df: pd.DataFrame, notebook: str, experiment: str, metric: str, **params) -> tuple[object, str | None, str | None]:
