@@ -74,7 +74,7 @@ from ..operators import WindowLayout, jax_window_weights
 from ..responses import Response
 from . import banded, linalg
 from .kernels import kernel_matrices
-from .prepare import Prepared, RunLayout, RunPrepared, prepare
+from .prepare import RunLayout, RunPrepared, prepare
 
 __all__ = [
     "AXIS",
@@ -470,8 +470,12 @@ def group_weights(theta, sig: Signature, gs: GroupShape, ga: GroupArrays):
     return jax_window_weights(group_theta(theta, gs), gs.response, layout) * ga.real[:, None]
 
 
-def response_matrix_arrays(theta, sig: Signature, groups: tuple):
-    """Response rows ``A`` (N, J) of one run from its group arrays; rows of dummy nodes are zero."""
+def response_matrix_arrays(theta, sig: Signature, arrays: RunArrays):
+    """Response rows ``A`` (N, J) of one run; rows of dummy nodes are zero."""
+    return _response_rows(theta, sig, arrays.groups)
+
+
+def _response_rows(theta, sig: Signature, groups: tuple):
     A = jnp.zeros((sig.n_nodes, sig.n_grid))
     for gs, ga in zip(sig.groups, groups):
         a = group_weights(theta, sig, gs, ga)
@@ -481,20 +485,24 @@ def response_matrix_arrays(theta, sig: Signature, groups: tuple):
     return A
 
 
-def node_covariance_arrays(theta, sig: Signature, dist, groups: tuple):
-    """Node covariances ``C_k = A K_k A^T``, (K, N, N), of one run from its grid distances and group arrays.
+def node_covariance_arrays(theta, sig: Signature, dist, arrays: RunArrays):
+    """Node covariances ``C_k = A K_k A^T``, (K, N, N), of one run from its grid distances (J, J) and arrays.
 
     Where the signature chunks every group (nodes ordered in time, windows narrow against the grid: the grouped
     layout of a recording), by chunked window products (:mod:`msrm.gp.banded`, a fraction of the flops, no dense
     response matrix); otherwise by dense products (``T = A K_k`` then ``T A^T``). Both agree to rounding.
     """
+    return _covariance(theta, sig, dist, arrays.groups)
+
+
+def _covariance(theta, sig: Signature, dist, groups: tuple):
     Kk = kernel_matrices(dist, theta["lengthscales"], sig.kernel)
     if sig.groups and all(gs.chunks is not None for gs in sig.groups):
         shapes = tuple(gs.chunks for gs in sig.groups)
         windows = tuple(banded.chunk_windows(group_weights(theta, sig, gs, ga), ga.start, gs.chunks, sig.n_grid)
                         for gs, ga in zip(sig.groups, groups))
         return banded.chunked_covariance(shapes, windows, Kk)
-    return covariance_from_response(response_matrix_arrays(theta, sig, groups), Kk)
+    return covariance_from_response(_response_rows(theta, sig, groups), Kk)
 
 
 @jax.custom_vjp
@@ -610,7 +618,7 @@ def run_loglik_arrays(theta, sig: Signature, dist, arrays: RunArrays):
         (value, event): float64 scalar, int32 scalar.
     """
     _, eta, R, const = node_information_arrays(theta, sig, arrays)
-    C = node_covariance_arrays(theta, sig, dist, arrays.groups)
+    C = node_covariance_arrays(theta, sig, dist, arrays)
     return woodbury_loglik(eta, R, C, const, sig.method)
 
 
@@ -626,13 +634,13 @@ def node_information(theta, run: RunPrepared):
 def response_matrix(theta, layout: RunLayout):
     """Dense response rows ``A`` (N, J) of one prepared run."""
     sig, groups = _own_stack(layout)
-    return response_matrix_arrays(theta, sig, groups)
+    return _response_rows(theta, sig, groups)
 
 
 def node_covariance(theta, layout: RunLayout):
     """Node covariances ``C_k = A K_k A^T``, (K, N, N), of one prepared run (:func:`node_covariance_arrays`)."""
     sig, groups = _own_stack(layout)
-    return node_covariance_arrays(theta, sig, layout.dist, groups)
+    return _covariance(theta, sig, layout.dist, groups)
 
 
 def run_loglik(theta, run: RunPrepared):
