@@ -68,17 +68,12 @@ _LAZY = {
     "callback_thread_count": ("msrm.runtime", "callback_thread_count"),
 }
 
-# Old private spellings, kept only until their call sites use the public names (msrm.gp.state_space.prepare
-# imports _resolve, msrm.gp.pointwise calls _native_factor).
-_ALIASES = {"_resolve": "resolve_method", "_native_factor": "native_factor"}
-
 __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str):
-    target = _ALIASES.get(name, name)
     try:
-        module, attr = _LAZY[target]
+        module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     mod = importlib.import_module(module, __name__ if module.startswith(".") else None)
