@@ -33,6 +33,7 @@ __all__ = [
     "callback_thread_count",
     "callback_blas_limit",
     "physical_cores",
+    "cpu_model",
     "blas_info",
     "check_oversubscription",
     "OversubscriptionWarning",
@@ -263,7 +264,8 @@ def physical_cores() -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else the platform's processor or machine string)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -271,6 +273,9 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return _platform.processor() or _platform.machine()
+
+
+_cpu_model = cpu_model  # until msrm_lab.notebooks.device imports cpu_model
 
 
 def blas_info() -> list[dict[str, Any]]:
@@ -347,7 +352,7 @@ def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
     info: dict[str, Any] = {
         "backend": "numpy",
         "devices": ["cpu"],
-        "device_kind": _cpu_model(),
+        "device_kind": cpu_model(),
         "dtype": "float64",
         "x64": None,
         "python": _platform.python_version(),
@@ -358,7 +363,7 @@ def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
         "numpyro": _version("numpyro"),
         "arviz": _version("arviz"),
         "numba": _version("numba"),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "physical_cores": physical_cores(),
         "logical_cpus": os.cpu_count(),
         "blas": blas,
