@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 
-from msrm.runtime import _cpu_model, physical_cores
+from msrm.runtime import cpu_model, physical_cores
 
 __all__ = ["slug", "cpu_label", "cuda_label", "gpu_kinds", "resolve_device", "device_label", "DEVICES"]
 
@@ -43,7 +43,7 @@ def slug(text: str) -> str:
 
 def cpu_label(model: str | None = None, cores: int | None = None) -> str:
     """``cpu-<model slug>-<physical cores>c``, e.g. ``cpu-amd-epyc-7763-2c``."""
-    model = _cpu_model() if model is None else model
+    model = cpu_model() if model is None else model
     cores = physical_cores() if cores is None else cores
     if not isinstance(cores, int) or cores < 1:
         raise ValueError(f"cores must be a positive integer, got {cores!r}")
