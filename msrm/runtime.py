@@ -275,9 +275,6 @@ def cpu_model() -> str:
     return _platform.processor() or _platform.machine()
 
 
-_cpu_model = cpu_model  # until msrm_lab.notebooks.device imports cpu_model
-
-
 def blas_info() -> list[dict[str, Any]]:
     """The BLAS/OpenMP libraries loaded in this process, as threadpoolctl reports them."""
     from threadpoolctl import threadpool_info
