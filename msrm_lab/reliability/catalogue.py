@@ -98,7 +98,7 @@ def _no_response():
 
 
 def foundation_cases() -> list[BadInput]:
-    """Bad inputs of the data model, the spec and Params (issue 2's list)."""
+    """Bad inputs of the data model, the spec and Params: each must raise a named error before any numerics."""
     P = "Params"
     cases = [
         BadInput("Stream", "dt zero", lambda: _stream(dt=0.0), ValueError, r"p1/brain.*dt must be finite and > 0"),
