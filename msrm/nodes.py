@@ -108,7 +108,6 @@ def prepare_nodes(
         grouped: True merges samples of one group at the same time into one node; False makes every
             (stream, sample) its own node (the ungrouped ``dense`` reference).
     """
-    index = {g.key: i for i, g in enumerate(groups)}
     node_group: list[np.ndarray] = []
     node_time: list[np.ndarray] = []
     stream_nodes: dict[str, np.ndarray] = {}

@@ -39,14 +39,17 @@ A backend computes the GP-MSRM marginal likelihood of a dataset (latent factors 
 
 :class:`Backend` is a base class with those defaults (``peak_bytes`` None, one device,
 ``node_counts`` empty). A backend is one module that defines a subclass and ends with one
-:func:`register_backend` call; the built-in modules are imported at the end of this module, so importing it
-registers ``"dense"``, ``"grouped"`` and ``"state_space"``.
+:func:`register_backend` call. The built-in modules are listed in :data:`BUILTIN_MODULES` and imported the first
+time the registry is read, so :data:`BACKENDS` always holds ``"dense"``, ``"grouped"`` and ``"state_space"``
+while this module imports none of them (they import it for :class:`Backend`).
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 __all__ = ["Backend", "NoOptions", "BACKENDS", "register_backend", "unregister_backend", "get_backend",
            "make_options", "option_names"]
@@ -103,8 +106,52 @@ class Backend:
         return f"<{type(self).__name__} {self.name!r}>"
 
 
+#: Modules whose import registers the built-in backends.
+BUILTIN_MODULES = ("msrm.gp.grouped", "msrm.gp.state_space")
+
+
+class Registry(MutableMapping):
+    """Backends by name; the first read imports :data:`BUILTIN_MODULES`, which register themselves."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Backend] = {}
+        self._loaded = False
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True  # before the imports: their register_backend calls read the registry
+            for module in BUILTIN_MODULES:
+                importlib.import_module(module)
+
+    def __getitem__(self, name: str) -> Backend:
+        self._load()
+        return self._entries[name]
+
+    def __setitem__(self, name: str, backend: Backend) -> None:
+        self._entries[name] = backend
+
+    def __delitem__(self, name: str) -> None:
+        self._load()
+        del self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        self._load()
+        return iter(dict(self._entries))
+
+    def __len__(self) -> int:
+        self._load()
+        return len(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        self._load()
+        return name in self._entries
+
+    def __repr__(self) -> str:
+        return f"Registry({sorted(self)})"
+
+
 #: Backends by ``linear_algebra`` name.
-BACKENDS: dict[str, Backend] = {}
+BACKENDS = Registry()
 
 
 def register_backend(backend: Backend, *, replace: bool = False) -> Backend:
@@ -170,8 +217,3 @@ def make_options(backend: Backend, method: str = "auto", **kwargs):
     elif method != "auto":
         raise ValueError(f"method={method!r}: linear_algebra={backend.name!r} has no method option")
     return backend.options_type(**given)
-
-
-# The built-in backends: each module defines its Backend subclass and registers it with register_backend at its end
-# (importing this module imports them; either may be imported first).
-from . import grouped, state_space  # noqa: E402,F401  ("dense", "grouped"; "state_space")

@@ -182,7 +182,6 @@ def objective_reuse(prep: Prepared, state: RState, stats: Stats) -> float:
 
 def _dense_parts(prep: Prepared, state: RState, derivs_group: int | None = None):
     """Explicit residuals with the canonical CSR operators; optionally d(data term)/d theta of one group."""
-    spec = prep.spec
     total = 0.0
     grad: dict[str, float] = {}
     for r, run in enumerate(prep.runs):

@@ -29,7 +29,7 @@ import data_synth
 from msrm.rmsrm import convention
 from msrm.rmsrm.fit import PHASES, fit_restart, initial_signal
 from msrm.rmsrm.loadings import residual_sum_squares
-from msrm.rmsrm.objective import RState, compute_stats, slot_latents
+from msrm.rmsrm.objective import compute_stats, slot_latents
 from msrm.rmsrm.prepare import default_roughness, prepare_rmsrm
 from .measure import PeakMemory, warm_median
 from .rows import make_row

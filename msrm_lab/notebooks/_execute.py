@@ -5,7 +5,6 @@ Any failure is written as ``{"type", "message", "traceback"}`` JSON to the error
 """
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import traceback

@@ -140,8 +140,6 @@ def rmsrm_dead_stream() -> dict:
 
 def map_rejects_nonfinite() -> dict:
     """A density that is NaN on part of the space: MAP treats those points as rejected and counts them."""
-    import msrm
-
     model, params = _gp("grouped")
     u0 = model.unconstrain(params)
 

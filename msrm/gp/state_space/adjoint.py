@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .filter import (_bank_block_moved, _cols, _ring_base, _rows, _sym, absorb_small_vjp, apply_B,
+from .filter import (bank_block_moved, col_block, ring_base, row_block, sym, absorb_small_vjp, apply_B,
                      bank_rows, block_transition, blockdiag, forward_step, initial_state, moved_transition, scan_inputs,
                      step_tables)
 from .prepare import RunTables
@@ -55,40 +55,40 @@ def _sde_write_transpose(t: RunTables, b, move, mb, Pb, T, Qb, Xs, ms):
     """
     K, C, d, S = t.K, t.block, t.d, Pb.shape[0]
     T, _ = moved_transition(t, move, T, Qb)
-    s0, r1 = jnp.asarray(t.sde_offset, jnp.int32), _ring_base(t, b + 1) * K
+    s0, r1 = jnp.asarray(t.sde_offset, jnp.int32), ring_base(t, b + 1) * K
     zero = jnp.zeros((), jnp.int32)
     Y = C + d
     # F P restricted to the SDE columns: rows y replaced by T P[s, s]
-    FX = jnp.einsum("kyi,ikc->ykc", T, _rows(Xs, s0, d * K).reshape(d, K, d * K))
+    FX = jnp.einsum("kyi,ikc->ykc", T, row_block(Xs, s0, d * K).reshape(d, K, d * K))
     FPs = lax.dynamic_update_slice(Xs, FX[:C].reshape(C * K, d * K), (r1, zero))
     FPs = lax.dynamic_update_slice(FPs, FX[C:].reshape(d * K, d * K), (s0, zero))
-    Wr, Ws = _rows(Pb, r1, C * K), _rows(Pb, s0, d * K)
+    Wr, Ws = row_block(Pb, r1, C * K), row_block(Pb, s0, d * K)
     Wy = jnp.concatenate([Wr, Ws]).reshape(Y, K, S)
     G = jnp.einsum("yks,sil->ykil", Wy, FPs.reshape(S, d, K))
-    my = jnp.concatenate([_rows(mb, r1, C * K), _rows(mb, s0, d * K)]).reshape(Y, K)
+    my = jnp.concatenate([row_block(mb, r1, C * K), row_block(mb, s0, d * K)]).reshape(Y, K)
     Tb = 2.0 * jnp.einsum("ykik->kyi", G) + jnp.einsum("yk,ik->kyi", my, ms.reshape(d, K))
-    Wyy = jnp.concatenate([_cols(Wy.reshape(Y * K, S), r1, C * K), _cols(Wy.reshape(Y * K, S), s0, d * K)], axis=1)
+    Wyy = jnp.concatenate([col_block(Wy.reshape(Y * K, S), r1, C * K), col_block(Wy.reshape(Y * K, S), s0, d * K)], axis=1)
     Qbb = jnp.einsum("ykzl,kl->kyz", Wyy.reshape(Y, K, Y, K), jnp.eye(K))
     # Fᵀ P̄ F: rows, then columns (the ring rows are dropped by a write, kept otherwise)
     Pb = lax.dynamic_update_slice(Pb, jnp.where(move, 0.0, Wr), (r1, zero))
     Pb = lax.dynamic_update_slice(Pb, jnp.einsum("kyi,yks->iks", T, Wy).reshape(d * K, S), (s0, zero))
-    Vr = _cols(Pb, r1, C * K)
-    Vy = jnp.concatenate([Vr, _cols(Pb, s0, d * K)], axis=1).reshape(S, Y, K)
+    Vr = col_block(Pb, r1, C * K)
+    Vy = jnp.concatenate([Vr, col_block(Pb, s0, d * K)], axis=1).reshape(S, Y, K)
     Pb = lax.dynamic_update_slice(Pb, jnp.where(move, 0.0, Vr), (zero, r1))
     Pb = lax.dynamic_update_slice(Pb, jnp.einsum("syk,kyi->sik", Vy, T).reshape(S, d * K), (zero, s0))
-    mb = lax.dynamic_update_slice(mb, jnp.where(move, 0.0, _rows(mb, r1, C * K)), (r1,))
+    mb = lax.dynamic_update_slice(mb, jnp.where(move, 0.0, row_block(mb, r1, C * K)), (r1,))
     mb = lax.dynamic_update_slice(mb, jnp.einsum("kyi,yk->ik", T, my).reshape(-1), (s0,))
     return mb, Pb, jnp.where(move, Tb, 0.0), jnp.where(move, Qbb, 0.0)
 
 
 def _bank_rows_transpose(t: RunTables, b, move, X):
     """Eᵀ X for the bank move E (rows of X (S, r))."""
-    Mc, Vc = _bank_block_moved(t, move)
+    Mc, Vc = bank_block_moved(t, move)
     K, n, C, r = t.K, t.n_bank, t.block, X.shape[1]
-    b0, rb = jnp.asarray(t.bank_offset, jnp.int32), _ring_base(t, b) * K
+    b0, rb = jnp.asarray(t.bank_offset, jnp.int32), ring_base(t, b) * K
     zero = jnp.zeros((), jnp.int32)
-    Xb = _rows(X, b0, n * K).reshape(n, K, r)
-    ring = _rows(X, rb, C * K) + jnp.einsum("il,ikr->lkr", Vc, Xb).reshape(C * K, r)
+    Xb = row_block(X, b0, n * K).reshape(n, K, r)
+    ring = row_block(X, rb, C * K) + jnp.einsum("il,ikr->lkr", Vc, Xb).reshape(C * K, r)
     X = lax.dynamic_update_slice(X, ring, (rb, zero))
     return lax.dynamic_update_slice(X, jnp.einsum("ij,ikr->jkr", Mc, Xb).reshape(n * K, r), (b0, zero))
 
@@ -107,8 +107,8 @@ def _backward_step(t: RunTables, m, P, Z, mb, Pb, gll, x, T, Qb):
     Lb = blockdiag(Ls)
     U = apply_B(t, P, A).T  # (S, n)
     mu = apply_B(t, m[:, None], A)[:, 0]
-    C = _sym(apply_B(t, U, A))
-    Giv, GiL = Z @ (e - Lb @ mu), _sym(Z @ Lb)
+    C = sym(apply_B(t, U, A))
+    Giv, GiL = Z @ (e - Lb @ mu), sym(Z @ Lb)
 
     # the prediction's transpose (the identity on a sub-step that does not predict)
     Xs = P[:, s0 : s0 + Kd] - U @ (GiL @ U[s0 : s0 + Kd].T)  # SDE columns and mean of the absorbed state
@@ -126,7 +126,7 @@ def _backward_step(t: RunTables, m, P, Z, mb, Pb, gll, x, T, Qb):
     GiLb = -(U.T @ Y)
     Givb = U.T @ mb
     mub, Cb, Lbb, eb = absorb_small_vjp(mu, C, Lb, e, Z, Giv, (Givb, GiLb, gll))
-    Cb = _sym(Cb)
+    Cb = sym(Cb)
     _, vjp_C = jax.vjp(lambda X, w: apply_B(t, X, w), U, A)
     UbC, Ab_C = vjp_C(Cb)
     Ub = Ub + UbC

@@ -158,7 +158,7 @@ def slot_information(Lam, eta, glob):
     return jnp.einsum("mij,mn->minj", Ls, jnp.eye(M)).reshape(M * K, M * K), eta[glob].reshape(-1)
 
 
-def _ring_base(t: RunTables, b):
+def ring_base(t: RunTables, b):
     """First ring slot of block b."""
     return ((b % (t.n_ring // t.block)) * t.block).astype(jnp.int32)
 
@@ -185,7 +185,7 @@ def weights(t: RunTables, b, slots, a_groups):
             off = jnp.asarray(g.offset)[loc]
             bank = jnp.einsum("mj,mji->mi", a, jnp.asarray(bb["Mr"])[off])
             cur = jnp.einsum("mj,mjl->ml", a, jnp.asarray(bb["Vr"])[off])
-            ring = lax.dynamic_update_slice(jnp.zeros((Mg, N)), cur, (jnp.zeros((), jnp.int32), _ring_base(t, b)))
+            ring = lax.dynamic_update_slice(jnp.zeros((Mg, N)), cur, (jnp.zeros((), jnp.int32), ring_base(t, b)))
         rows.append(jnp.concatenate([ring, bank, jnp.zeros((Mg, d))], axis=1))
     return jnp.concatenate(rows)
 
@@ -214,7 +214,8 @@ def step_tables(theta, run):
     return A, Ls, e, const
 
 
-def _sym(X):
+def sym(X):
+    """The symmetric part ``(X + Xᵀ) / 2`` of a square matrix."""
     return 0.5 * (X + X.T)
 
 
@@ -230,7 +231,7 @@ def absorb_small(mu, C, Lb, e):
     Z = jax.scipy.linalg.lu_solve((lu, pivots), jnp.eye(R))
     v = e - Lb @ mu
     Giv = Z @ v
-    GiL = _sym(Z @ Lb)
+    GiL = sym(Z @ Lb)
     d = jnp.diagonal(lu)
     swaps = jnp.sum(pivots != jnp.arange(R, dtype=pivots.dtype))
     sign = jnp.prod(jnp.sign(d)) * (1 - 2 * (swaps % 2))
@@ -243,7 +244,7 @@ def absorb_small_vjp(mu, C, Lb, e, Z, Giv, cts, xp=jnp):
     (G⁻¹v, sym(G⁻¹Λ), log Z) -> (μ̄, C̄, Λ̄, η̄) (C̄ and Λ̄ unsymmetrised). ``xp``: jax.numpy, or numpy on the
     host (:mod:`.host`)."""
     Givb, GiLb, lb = cts
-    Sb = _sym(GiLb)
+    Sb = sym(GiLb)
     v = e - Lb @ mu
     Cv = C @ v
     Zb = xp.outer(Givb, v) + Sb @ Lb + 0.5 * lb * xp.outer(Cv, v)
@@ -256,15 +257,17 @@ def absorb_small_vjp(mu, C, Lb, e, Z, Giv, cts, xp=jnp):
     return mub, Cb, Lbb, eb
 
 
-def _rows(X, r0, n):
+def row_block(X, r0, n):
+    """Rows ``r0 .. r0 + n - 1`` of X (``r0`` traced, ``n`` static)."""
     return lax.dynamic_slice_in_dim(X, r0, n, axis=0)
 
 
-def _cols(X, c0, n):
+def col_block(X, c0, n):
+    """Columns ``c0 .. c0 + n - 1`` of X (``c0`` traced, ``n`` static)."""
     return lax.dynamic_slice_in_dim(X, c0, n, axis=1)
 
 
-def _bank_block_moved(t: RunTables, move):
+def bank_block_moved(t: RunTables, move):
     """(Mc, Vc) of the bank move, or the identity (I, 0) on a sub-step that does not predict."""
     bb = bank_block(t)
     return (jnp.where(move, jnp.asarray(bb["Mc"]), jnp.eye(t.n_bank)),
@@ -274,11 +277,11 @@ def _bank_block_moved(t: RunTables, move):
 def bank_rows(t: RunTables, b, move, X):
     """The bank move applied to the rows of X (S, r): bank rows <- Mc bank + Vc block(b) (identity unless
     ``move``)."""
-    Mc, Vc = _bank_block_moved(t, move)
+    Mc, Vc = bank_block_moved(t, move)
     K, n, C, r = t.K, t.n_bank, t.block, X.shape[1]
-    b0, rb = jnp.asarray(t.bank_offset, jnp.int32), _ring_base(t, b) * K
-    R = (jnp.einsum("ij,jkr->ikr", Mc, _rows(X, b0, n * K).reshape(n, K, r))
-         + jnp.einsum("il,lkr->ikr", Vc, _rows(X, rb, C * K).reshape(C, K, r)))
+    b0, rb = jnp.asarray(t.bank_offset, jnp.int32), ring_base(t, b) * K
+    R = (jnp.einsum("ij,jkr->ikr", Mc, row_block(X, b0, n * K).reshape(n, K, r))
+         + jnp.einsum("il,lkr->ikr", Vc, row_block(X, rb, C * K).reshape(C, K, r)))
     return lax.dynamic_update_slice(X, R.reshape(n * K, r), (b0, jnp.zeros((), jnp.int32)))
 
 
@@ -289,7 +292,7 @@ def bank_move(m, P, b, move, t: RunTables):
     return bank_rows(t, b, move, m[:, None])[:, 0], P
 
 
-def _qy(Qb, xp=jnp):
+def qy(Qb, xp=jnp):
     """Q_b (K, Y, Y) -> (Y K, Y K) state-major (``xp``: jax.numpy, or numpy on the host)."""
     K, Y, _ = Qb.shape
     return xp.einsum("kyz,kl->ykzl", Qb, xp.eye(K)).reshape(Y * K, Y * K)
@@ -311,19 +314,19 @@ def sde_write(m, P, b, move, t: RunTables, T, Qb):
     """
     K, C, d, S = t.K, t.block, t.d, P.shape[0]
     T, Qb = moved_transition(t, move, T, Qb)
-    s0, r1 = jnp.asarray(t.sde_offset, jnp.int32), _ring_base(t, b + 1) * K
+    s0, r1 = jnp.asarray(t.sde_offset, jnp.int32), ring_base(t, b + 1) * K
     zero = jnp.zeros((), jnp.int32)
-    R = jnp.einsum("kyi,iks->yks", T, _rows(P, s0, d * K).reshape(d, K, S))
-    P = lax.dynamic_update_slice(P, jnp.where(move, R[:C].reshape(C * K, S), _rows(P, r1, C * K)), (r1, zero))
+    R = jnp.einsum("kyi,iks->yks", T, row_block(P, s0, d * K).reshape(d, K, S))
+    P = lax.dynamic_update_slice(P, jnp.where(move, R[:C].reshape(C * K, S), row_block(P, r1, C * K)), (r1, zero))
     P = lax.dynamic_update_slice(P, R[C:].reshape(d * K, S), (s0, zero))
-    cols = jnp.einsum("sik,kyi->syk", _cols(P, s0, d * K).reshape(S, d, K), T).reshape(S, -1)
-    Qy = _qy(Qb)
-    cols = lax.dynamic_update_slice(cols, _rows(cols, r1, C * K) + Qy[: C * K], (r1, zero))
-    cols = lax.dynamic_update_slice(cols, _rows(cols, s0, d * K) + Qy[C * K :], (s0, zero))
-    P = lax.dynamic_update_slice(P, jnp.where(move, cols[:, : C * K], _cols(P, r1, C * K)), (zero, r1))
+    cols = jnp.einsum("sik,kyi->syk", col_block(P, s0, d * K).reshape(S, d, K), T).reshape(S, -1)
+    Qy = qy(Qb)
+    cols = lax.dynamic_update_slice(cols, row_block(cols, r1, C * K) + Qy[: C * K], (r1, zero))
+    cols = lax.dynamic_update_slice(cols, row_block(cols, s0, d * K) + Qy[C * K :], (s0, zero))
+    P = lax.dynamic_update_slice(P, jnp.where(move, cols[:, : C * K], col_block(P, r1, C * K)), (zero, r1))
     P = lax.dynamic_update_slice(P, cols[:, C * K :], (zero, s0))
-    y = jnp.einsum("kyi,ik->yk", T, _rows(m, s0, d * K).reshape(d, K))
-    m = lax.dynamic_update_slice(m, jnp.where(move, y[:C].reshape(-1), _rows(m, r1, C * K)), (r1,))
+    y = jnp.einsum("kyi,ik->yk", T, row_block(m, s0, d * K).reshape(d, K))
+    m = lax.dynamic_update_slice(m, jnp.where(move, y[:C].reshape(-1), row_block(m, r1, C * K)), (r1,))
     return lax.dynamic_update_slice(m, y[C:].reshape(-1), (s0,)), P
 
 
@@ -354,7 +357,7 @@ def forward_step(t: RunTables, m, P, x, T, Qb):
     b, move, A, Ls, e = x
     U = apply_B(t, P, A).T
     mu = apply_B(t, m[:, None], A)[:, 0]
-    C = _sym(apply_B(t, U, A))
+    C = sym(apply_B(t, U, A))
     (Giv, GiL, logZ), sign, Z = absorb_small(mu, C, blockdiag(Ls), e)
     m = m + U @ Giv
     P = P - U @ (GiL @ U.T)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from scipy.linalg import lapack
 
-from .filter import _qy, absorb_small_vjp, bank_block
+from .filter import absorb_small_vjp, bank_block, qy, sym
 from .prepare import RunTables
 
 __all__ = ["HostFilter", "one_blas_thread"]
@@ -51,10 +51,6 @@ def one_blas_thread():
     from ... import runtime
 
     return runtime.blas_limit(1)
-
-
-def _sym(X):
-    return 0.5 * (X + X.T)
 
 
 @functools.lru_cache(maxsize=1)
@@ -140,7 +136,7 @@ class HostFilter:
         Lmu = Lb @ mu
         v = e - Lmu
         Giv = Z @ v
-        GiL = _sym(Z @ Lb)
+        GiL = sym(Z @ Lb)
         if not value:
             return Giv, GiL, 0.0, 0, Z
         d = lu.diagonal()
@@ -230,7 +226,7 @@ class HostFilter:
         Ut = (Ai @ P.reshape(Q, K * S)).reshape(R, S)  # B P; U = Ut.T
         U = np.ascontiguousarray(Ut.T)
         mu = (Ai @ m.reshape(Q, K)).reshape(R)
-        Cm = _sym((Ai @ U.reshape(Q, K * R)).reshape(R, R))
+        Cm = sym((Ai @ U.reshape(Q, K * R)).reshape(R, R))
         Lb = self._blockdiag(Li)
         Giv, GiL, logZ, bad, Z = self._small(mu, Cm, Lb, ei, value=value)
         if keep is not None:
@@ -267,7 +263,7 @@ class HostFilter:
         ``keep_last`` (with ``keep_starts``): also return what the reverse pass reads for each sub-step of the
         last chunk (as :meth:`_recompute` would), so that :meth:`backward` need not recompute that chunk."""
         t = self.t
-        Qy = _qy(Qb, np)
+        Qy = qy(Qb, np)
         m, P = np.array(m0, dtype=np.float64), np.array(P0, dtype=np.float64, order="C")
         ll, bad, last = 0.0, 0, []
         if keep_starts:
@@ -329,7 +325,7 @@ class HostFilter:
         recomputing that chunk.
         """
         t, S = self.t, self.S
-        Qy = _qy(Qb, np)
+        Qy = qy(Qb, np)
         Ab, Lsb, eb = np.zeros_like(A), np.zeros_like(Ls), np.zeros_like(e)
         Tb, Qbb = np.zeros_like(T), np.zeros_like(Qb)
         mb, Pb = np.zeros(S), np.zeros((S, S))
@@ -387,7 +383,7 @@ class HostFilter:
             GiLb = -(U.T @ Yp)
             Givb = U.T @ mb
             mub, Cb, Lbb, ebi = absorb_small_vjp(mu, Cm, Lb, k["e"], Z, Giv, (Givb, GiLb, gll), xp=np)
-            Cb = _sym(Cb)
+            Cb = sym(Cb)
             # C = B U
             Cb3 = Cb.reshape(M, K * R)
             Ub += (Ai.T @ Cb3).reshape(S, R)
