@@ -111,7 +111,7 @@ class HalfIntegerMatern(Kernel):
         return math.sqrt(2 * self.p + 1) / lengthscale
 
     def correlation(self, r, lengthscale, xp=np):
-        x = self.rate(lengthscale) * r
+        x = math.sqrt(2 * self.p + 1) * r / lengthscale  # lambda r
         c = self.coefficients
         poly = c[-1]
         for cn in c[-2::-1]:  # Horner
