@@ -2,10 +2,12 @@
 
     python tools/compare_commits.py compare --base ../old-checkout --head . [--rounds 3] [--repeats 5] [--out f.json]
 
-Each (case, backend) is measured in a fresh process per tree, the two trees alternating round by round (so a
-slow period of the machine hits both), with the tree first on ``PYTHONPATH``. A process builds the case with
-``data_synth.synthetic_dataset`` and times ``model.value_and_grad(u)`` at the true parameters: one compiling
-call, then ``--repeats`` warm calls (the median is its figure). It uses only the public API, so any commit
+Each case is built once, by ``data_synth.synthetic_dataset`` in the base tree, and pickled, so both trees
+evaluate the very same data and parameters (the generator's own rounding may differ between trees). Each (case,
+backend) is then measured in a fresh process per tree, the two trees alternating round by round (so a slow
+period of the machine hits both), with the tree first on ``PYTHONPATH``. A process loads the case and times
+``model.value_and_grad(u)`` at the true parameters: one compiling call, then ``--repeats`` warm calls (the
+median is its figure). It uses only the public API, so any commit
 with ``GPMSRM``/``data_synth`` can be measured. The report gives, per case, the relative difference of the
 log density and of the gradient (max-norm) between the trees, each tree's median over rounds with the spread,
 and head/base.
@@ -18,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,24 +32,35 @@ CASES = {
 }
 
 
-def measure(case: str, backend: str, repeats: int) -> dict:
+def build(case: str, path: Path) -> None:
+    """Pickle (data, spec, params) of a case, built by this process's data_synth."""
+    import pickle
+
+    import data_synth
+
+    profile, F, K, scale = CASES[case]
+    data, truth = data_synth.synthetic_dataset(profile, n_features=F, n_factors=K, duration_scale=scale, seed=0)
+    path.write_bytes(pickle.dumps((data, truth.spec, truth.params)))
+
+
+def measure(case: str, backend: str, repeats: int, path: Path) -> dict:
+    import pickle
+
     import numpy as np
     from threadpoolctl import threadpool_info
 
-    import data_synth
     import msrm
 
     msrm.runtime.configure(platform="cpu")
-    profile, F, K, scale = CASES[case]
-    data, truth = data_synth.synthetic_dataset(profile, n_features=F, n_factors=K, duration_scale=scale, seed=0)
+    data, spec, params = pickle.loads(path.read_bytes())
     out = {"case": case, "backend": backend, "msrm_file": msrm.__file__,
            "blas": [{k: d.get(k) for k in ("internal_api", "architecture", "num_threads")} for d in threadpool_info()],
            "loadavg": os.getloadavg()[0]}
     try:
-        model = msrm.GPMSRM(data, truth.spec, linear_algebra=backend)
+        model = msrm.GPMSRM(data, spec, linear_algebra=backend)
     except MemoryError as exc:  # the memory guard refuses before any numerics
         return {**out, "refused": str(exc)[:300]}
-    u = model.unconstrain(truth.params)
+    u = model.unconstrain(params)
     t0 = time.perf_counter()
     value, grad = model.value_and_grad(u)
     out["first_s"] = time.perf_counter() - t0
@@ -60,29 +74,39 @@ def measure(case: str, backend: str, repeats: int) -> dict:
     return out
 
 
-def _run(tree: Path, case: str, backend: str, repeats: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "measure", "--case", case, "--backend", backend,
-           "--repeats", str(repeats)]
-    res = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
+def _child(tree: Path, *args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tree)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    res = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], cwd=tree, env=env,
+                         capture_output=True, text=True, timeout=3600)
     if res.returncode != 0:
-        raise RuntimeError(f"{tree} {case} {backend} failed:\n{res.stderr[-3000:]}")
-    row = json.loads(res.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{tree} {' '.join(args)} failed:\n{res.stderr[-3000:]}")
+    return res.stdout
+
+
+def _run(tree: Path, case: str, backend: str, repeats: int, path: Path) -> dict:
+    out = _child(tree, "measure", "--case", case, "--backend", backend, "--repeats", str(repeats),
+                 "--data", str(path))
+    row = json.loads(out.strip().splitlines()[-1])
     if not row["msrm_file"].startswith(str(tree.resolve())):
         raise RuntimeError(f"{tree}: measured msrm from {row['msrm_file']}, not from the tree")
     return row
 
 
-def compare(base: Path, head: Path, rounds: int, repeats: int, pairs) -> dict:
+def compare(base: Path, head: Path, rounds: int, repeats: int, pairs, workdir: Path) -> dict:
     import numpy as np
 
     report = {}
+    cases = {}
+    for case in sorted({c for c, _ in pairs}):
+        cases[case] = workdir / f"{case}.pkl"
+        _child(base, "build", "--case", case, "--data", str(cases[case]))
     for case, backend in pairs:
         runs = {"base": [], "head": []}
         for r in range(rounds):
             order = ("base", "head") if r % 2 == 0 else ("head", "base")
             for side in order:
-                runs[side].append(_run(base if side == "base" else head, case, backend, repeats))
+                runs[side].append(_run(base if side == "base" else head, case, backend, repeats, cases[case]))
         b, h = runs["base"][0], runs["head"][0]
         key = f"{case}/{backend}"
         if "refused" in b or "refused" in h:
@@ -93,6 +117,9 @@ def compare(base: Path, head: Path, rounds: int, repeats: int, pairs) -> dict:
         report[key] = {
             "value_base": b["value"], "value_head": h["value"],
             "value_rel_diff": abs(h["value"] - b["value"]) / abs(b["value"]),
+            # the same tree's rounds agree to this (the floor any comparison can reach)
+            "value_rel_spread_within": max(abs(x["value"] - runs[s][0]["value"]) / abs(b["value"])
+                                           for s in runs for x in runs[s]),
             "grad_rel_diff": float(np.max(np.abs(gh - gb)) / np.max(np.abs(gb))),
             "median_s": {s: statistics.median(v) for s, v in med.items()},
             "per_round_s": med,
@@ -106,10 +133,14 @@ def compare(base: Path, head: Path, rounds: int, repeats: int, pairs) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
+    bd = sub.add_parser("build")
+    bd.add_argument("--case", choices=sorted(CASES), required=True)
+    bd.add_argument("--data", type=Path, required=True)
     m = sub.add_parser("measure")
     m.add_argument("--case", choices=sorted(CASES), required=True)
     m.add_argument("--backend", required=True)
     m.add_argument("--repeats", type=int, default=5)
+    m.add_argument("--data", type=Path, required=True)
     c = sub.add_parser("compare")
     c.add_argument("--base", type=Path, required=True)
     c.add_argument("--head", type=Path, default=Path("."))
@@ -119,11 +150,15 @@ def main(argv=None) -> int:
                                                   "x8-K5:state_space", "x8-K5:grouped"])
     c.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
+    if args.command == "build":
+        build(args.case, args.data)
+        return 0
     if args.command == "measure":
-        print(json.dumps(measure(args.case, args.backend, args.repeats)))
+        print(json.dumps(measure(args.case, args.backend, args.repeats, args.data)))
         return 0
     pairs = [tuple(s.split(":")) for s in args.pairs]
-    report = compare(args.base.resolve(), args.head.resolve(), args.rounds, args.repeats, pairs)
+    with tempfile.TemporaryDirectory() as work:
+        report = compare(args.base.resolve(), args.head.resolve(), args.rounds, args.repeats, pairs, Path(work))
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text)
