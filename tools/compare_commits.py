@@ -124,6 +124,8 @@ def compare(base: Path, head: Path, rounds: int, repeats: int, pairs, workdir: P
             "median_s": {s: statistics.median(v) for s, v in med.items()},
             "per_round_s": med,
             "head_over_base": statistics.median(med["head"]) / statistics.median(med["base"]),
+            # the fastest round of each side: least touched by other jobs on a shared machine
+            "head_over_base_fastest": min(med["head"]) / min(med["base"]),
             "blas": h["blas"], "loadavg": [x["loadavg"] for s in runs for x in runs[s]],
         }
         print(key, json.dumps({k: v for k, v in report[key].items() if k not in ("blas",)}), file=sys.stderr)
