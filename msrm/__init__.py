@@ -10,6 +10,7 @@ import importlib
 
 from . import kernels, responses, runtime
 from .data import Dataset, Run, Stream
+from .latent import LatentPosterior, Prediction
 from .nodes import count_nodes, prepare_nodes, response_groups
 from .operators import response_weights, response_weights_csr
 from .params import Params
@@ -22,7 +23,7 @@ __all__ = [
     "Stream", "Run", "Dataset", "ModelSpec", "Identity", "GaussianLag", "GaussianWidthLag", "latent_grid",
     "Params", "GPMSRM", "fit_rmsrm", "load_rfit", "RFit", "diagnostics", "runtime", "parallel",
     "response_weights", "response_weights_csr", "prepare_nodes", "response_groups", "count_nodes", "kernels",
-    "responses",
+    "responses", "LatentPosterior", "Prediction",
 ]
 
 # Resolved on first access so that `import msrm` never imports JAX (R-MSRM is NumPy/SciPy only).

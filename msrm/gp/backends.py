@@ -33,9 +33,13 @@ A backend computes the GP-MSRM marginal likelihood of a dataset (latent factors 
   ``loglik``'s value) and events.
 * ``node_counts(prepared) -> list[int]``: nodes per run of the node-space factorization (an empty list when the
   backend has none).
-* ``latent_posterior(theta, prepared)`` and ``predict(theta, prepared)``: the posterior of the latent factors on
-  the grid and the posterior predictive of every stream (``msrm.LatentPosterior`` and ``msrm.Prediction`` per
-  run). :class:`Backend` raises ``NotImplementedError`` for both until a backend provides them.
+* ``latent_posterior(theta, prepared, data, spec, cov=False) -> list[msrm.LatentPosterior]``: the exact
+  Gaussian ``p(Z | Y, theta)`` of each run's factors on its grid (mean, marginal sd; the (J, K, K) covariance at
+  each grid point when ``cov``). ``data`` and ``spec`` are the model's own (the host-side description of every
+  sample, which ``prepared`` need not keep). Host NumPy results.
+* ``predict(theta, prepared, data, spec) -> list[dict[str, msrm.Prediction]]``: per run, per stream key, the
+  posterior predictive mean and sd of every (sample, feature), the missing ones included.
+  :class:`Backend` raises ``NotImplementedError`` for both; a backend that cannot provide them says so.
 
 :class:`Backend` is a base class with those defaults (``peak_bytes`` None, one device,
 ``node_counts`` empty). A backend is one module that defines a subclass and ends with one
@@ -94,13 +98,13 @@ class Backend:
     def node_counts(self, prepared) -> list[int]:
         return []
 
-    def latent_posterior(self, theta, prepared):
-        """Posterior mean and sd of the latent factors on each run's grid (not provided by this backend yet)."""
-        raise NotImplementedError(f"linear_algebra={self.name!r} does not compute the latent posterior yet")
+    def latent_posterior(self, theta, prepared, data, spec, cov: bool = False):
+        """Posterior of the latent factors on each run's grid (``list[msrm.LatentPosterior]``)."""
+        raise NotImplementedError(f"linear_algebra={self.name!r} does not compute the latent posterior")
 
-    def predict(self, theta, prepared):
-        """Posterior predictive mean and sd of every stream (not provided by this backend yet)."""
-        raise NotImplementedError(f"linear_algebra={self.name!r} does not compute predictions yet")
+    def predict(self, theta, prepared, data, spec):
+        """Posterior predictive of every stream at every sample (``list[dict[str, msrm.Prediction]]``)."""
+        raise NotImplementedError(f"linear_algebra={self.name!r} does not compute predictions")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

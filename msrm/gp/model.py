@@ -329,6 +329,38 @@ class GPMSRM:
         self._record(events)
         return {k: np.asarray(v) for k, v in values.items()}
 
+    # ------------------------------------------------------------------------------------------ latents
+    def _theta_of(self, params) -> dict:
+        """The constrained pytree of ``params`` (a Params validated against this model's data and spec)."""
+        if not isinstance(params, Params):
+            raise ValueError(f"params must be an msrm.Params (use model.constrain(u) for a vector), "
+                             f"got {type(params).__name__}")
+        params.validate(self.data, self.spec)
+        return params_to_theta(params)
+
+    def latent_posterior(self, params: Params, *, cov: bool = False) -> list:
+        """The exact Gaussian posterior of the latent factors given the data, per run.
+
+        Args:
+            params: physical parameter values (validated against this model's data and spec).
+            cov: also return the (J, K, K) posterior covariance of the factors at each grid point.
+        Returns:
+            list over runs of :class:`msrm.LatentPosterior` (grid (J,), mean (J, K), sd (J, K), cov).
+        """
+        return list(self.backend.latent_posterior(self._theta_of(params), self.prepared, self.data, self.spec,
+                                                  cov=bool(cov)))
+
+    def predict(self, params: Params) -> list[dict]:
+        """The posterior predictive of every stream at every sample, missing (held-out) ones included.
+
+        A value is held out by setting it to NaN in the data the model was built on; its prediction then uses
+        every other observed value of the run.
+
+        Returns:
+            list over runs of ``{"participant/modality": msrm.Prediction}``, mean and sd (n_samples, n_features).
+        """
+        return list(self.backend.predict(self._theta_of(params), self.prepared, self.data, self.spec))
+
     def guard_events(self) -> dict[int, int]:
         """Counts of factorization event codes seen so far (0 plain, k>0 jitter rung, -1 fallback, -2 non-finite)."""
         return dict(sorted(self._events.items()))
