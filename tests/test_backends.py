@@ -133,9 +133,9 @@ def test_toy_backend_runs_through_gpmsrm(toy):
     assert model.guard_events() == {0: 6}
     assert GPMSRM(data, spec, "toy", jitter=1e-3).log_likelihood(params) != model.log_likelihood(params)
     with pytest.raises(NotImplementedError, match="latent posterior"):
-        toy.latent_posterior(None, model.prepared)
+        toy.latent_posterior(None, model.prepared, model.data, model.spec)
     with pytest.raises(NotImplementedError, match="predictions"):
-        toy.predict(None, model.prepared)
+        toy.predict(None, model.prepared, model.data, model.spec)
 
 
 def test_unknown_backend_and_wrong_options_raise(toy):
