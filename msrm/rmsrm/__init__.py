@@ -6,10 +6,12 @@
 Modules: ``prepare`` (static inputs), ``objective`` (J: sufficient statistics and explicit residual),
 ``latent`` (block-banded normal equations), ``loadings`` (loadings, intercepts, noise), ``response``
 (L-BFGS-B over theta), ``convention`` (initialisation, scale/rotation convention), ``fit`` (driver), ``archive``
-(the :class:`RFit` result and its ``.npz`` archive).
+(the :class:`RFit` result and its ``.npz`` archive), ``predict`` (``RFit.predict`` and :func:`project`, the
+latents of new runs with the fitted parameters fixed).
 """
 from .archive import RFit, load_rfit
 from .fit import fit_restart, fit_rmsrm
+from .predict import project
 from .prepare import default_roughness, prepare_rmsrm
 
-__all__ = ["fit_rmsrm", "RFit", "load_rfit", "prepare_rmsrm", "default_roughness", "fit_restart"]
+__all__ = ["fit_rmsrm", "RFit", "load_rfit", "prepare_rmsrm", "default_roughness", "fit_restart", "project"]

@@ -78,6 +78,15 @@ class RFit:
     def best_restart(self) -> int:
         return int(np.nanargmin(self.restarts))
 
+    def predict(self, data, latents=None) -> list:
+        """Fitted means ``b + W x(t)`` of every stream at every sample of ``data``, per run
+        (:func:`msrm.rmsrm.predict.predict`): ``{"participant/modality": msrm.Prediction}`` with sd the fitted
+        noise sd and signal_sd None (a point estimate). ``data`` is the fit's data (held-out NaN values are
+        predicted), or new runs with ``latents=msrm.rmsrm.project(self, data)``."""
+        from .predict import predict
+
+        return predict(self, data, latents)
+
     def save(self, path) -> None:
         """Write an atomic ``.npz`` archive (arrays + a JSON entry; loaded by ``msrm.rmsrm.load_rfit``)."""
         save_rfit(self, path)
