@@ -9,6 +9,12 @@ Phases timed separately (``Posterior.timings``, seconds): ``initialisation`` (st
 ``compilation`` (JAX tracing/lowering/XLA compile events inside warm-up and sampling, from ``jax.monitoring``),
 ``warmup`` and ``sampling`` (wall time minus their compilation), ``draw_conversion`` (unconstrained draws to
 physical InferenceData), ``pointwise_loglik``, ``diagnostics`` (:func:`msrm.diagnostics.summarize`).
+
+Latents and predictions per draw (:meth:`Posterior.latent_posterior`, :meth:`Posterior.predict`): the model's
+conditional posterior ``p(Z | Y, theta)`` (or predictive) at every ``thin``-th draw ``theta_s`` of every chain,
+and the pooled posterior ``p(Z | Y) ~ (1/S) sum_s p(Z | Y, theta_s)`` summarised by the law of total variance
+over the S kept draws: ``mean = (1/S) sum_s m_s`` and ``sd^2 = (1/S) sum_s v_s + (1/S) sum_s (m_s - mean)^2``
+(the mixture's exact first two moments, so the variance of the means is taken with divisor S).
 """
 from __future__ import annotations
 
@@ -61,6 +67,9 @@ class Posterior:
         chain_method: the method NumPyro actually used.
         resumed: sampling started from a warm-up checkpoint.
         map_result: the MAP fit used as start (init="map").
+        sample_stats: per-draw sample stats (chains, draws) by name.
+        model: the model the draws belong to (needed by :meth:`latent_posterior` and :meth:`predict`).
+        progress: the progress setting of :func:`sample`, the default of those two methods.
     """
 
     inference_data: Any
@@ -75,6 +84,161 @@ class Posterior:
     resumed: bool = False
     map_result: Any = None
     sample_stats: dict = field(default_factory=dict)
+    model: Any = field(default=None, repr=False, compare=False)
+    progress: bool = False
+
+    def latent_posterior(self, thin: int = 10, cov: bool = False, *, progress: bool | None = None) -> list:
+        """The latent factors' posterior per kept draw and pooled over draws, per run (see the module docstring).
+
+        Every ``thin``-th draw of every chain (draw indices ``0, thin, 2 thin, ...``) is constrained
+        (``model.constrain``) and passed to ``model.latent_posterior``. The pooled ``mean`` and ``sd`` average over
+        chains as well, which is meaningful only when the chains agree on the factors' sign and order (GP-MSRM
+        leaves both free): they assume aligned chains, i.e. draws that were aligned before this Posterior was built.
+
+        Args:
+            thin: keep every ``thin``-th draw (a positive int, at most the number of draws per chain).
+            cov: also return the per-draw (J, K, K) covariance of the factors at each grid point (``draw_cov``)
+                and the pooled one (``cov``: mean of covariances plus covariance of the means).
+            progress: a tqdm bar over the kept draws; default the ``progress`` setting of :func:`sample`.
+        Returns:
+            list over runs of ``xarray.Dataset`` with data variables ``draws`` and ``draw_sd`` (chain, draw, time,
+            factor): per-draw conditional means and sds; ``mean`` and ``sd`` (time, factor): pooled;
+            with ``cov``, ``draw_cov`` (chain, draw, time, factor, factor2) and ``cov`` (time, factor, factor2).
+            Coords ``chain``, ``draw`` (the kept draw indices), ``time`` (grid seconds), ``factor`` (0..K-1),
+            ``factor2``; attrs ``thin``, ``run``, ``num_pooled`` (S).
+        Raises:
+            ValueError: bad ``thin``; a Posterior that holds no model.
+        """
+        import xarray as xr
+
+        chains, kept, thetas = self._kept_draws(thin)
+        per_draw = [self.model.latent_posterior(p, cov=bool(cov))
+                    for p in _progress(thetas, self._progress(progress), "latent posterior")]
+        C, S = len(chains), len(kept)
+        out = []
+        for r, first in enumerate(per_draw[0]):
+            means = np.stack([d[r].mean for d in per_draw]).reshape((C, S) + first.mean.shape)
+            sds = np.stack([d[r].sd for d in per_draw]).reshape(means.shape)
+            mean, sd = _pooled(means, sds)
+            K = first.mean.shape[1]
+            dims = ("chain", "draw", "time", "factor")
+            variables = {"draws": (dims, means), "draw_sd": (dims, sds), "mean": (dims[2:], mean),
+                         "sd": (dims[2:], sd)}
+            coords = {"chain": chains, "draw": kept, "time": np.asarray(first.grid), "factor": np.arange(K)}
+            if cov:
+                covs = np.stack([d[r].cov for d in per_draw]).reshape(means.shape + (K,))
+                variables["draw_cov"] = (dims + ("factor2",), covs)
+                variables["cov"] = (("time", "factor", "factor2"), _pooled_cov(means, covs))
+                coords["factor2"] = np.arange(K)
+            attrs = {"thin": int(thin), "run": r, "num_pooled": C * S}
+            out.append(xr.Dataset(variables, coords=coords, attrs=attrs))
+        return out
+
+    def predict(self, thin: int = 10, *, progress: bool | None = None) -> list:
+        """Posterior predictions of every stream per kept draw and pooled over draws, per run.
+
+        Draws are kept and constrained as in :meth:`latent_posterior` and passed to ``model.predict``; pooled values
+        assume aligned chains in the same way (predictions themselves do not depend on the factors' sign or order,
+        so for them pooling across chains is always meaningful).
+
+        Args:
+            thin: keep every ``thin``-th draw (a positive int, at most the number of draws per chain).
+            progress: a tqdm bar over the kept draws; default the ``progress`` setting of :func:`sample`.
+        Returns:
+            list over runs of ``{"participant/modality": xarray.Dataset}`` (streams differ in samples and features,
+            so each has its own Dataset) with data variables ``draws`` (chain, draw, sample, feature): per-draw
+            predictive means, ``draw_sd``: per-draw predictive sds of a new observation (noise included),
+            ``draw_signal_sd`` when the model gives it; pooled ``mean`` and ``sd`` (sample, feature) by the law of
+            total variance (``sd`` includes the noise variance) and ``signal_sd`` (the same without noise).
+            Coords ``chain``, ``draw`` (kept indices), ``sample`` (0..n-1) with ``time`` (seconds) as a coordinate
+            along ``sample``, ``feature`` (0..F-1); attrs ``thin``, ``run``, ``key``, ``num_pooled``. Missing
+            samples are predicted like observed ones (a NaN in the data is a held-out value).
+        Raises:
+            ValueError: bad ``thin``; a Posterior that holds no model.
+        """
+        import xarray as xr
+
+        chains, kept, thetas = self._kept_draws(thin)
+        per_draw = [self.model.predict(p) for p in _progress(thetas, self._progress(progress), "predict")]
+        C, S = len(chains), len(kept)
+        runs = getattr(getattr(self.model, "data", None), "runs", None)
+        out = []
+        for r, first_run in enumerate(per_draw[0]):
+            streams = {}
+            for key, first in first_run.items():
+                means = np.stack([d[r][key].mean for d in per_draw]).reshape((C, S) + first.mean.shape)
+                sds = np.stack([d[r][key].sd for d in per_draw]).reshape(means.shape)
+                mean, sd = _pooled(means, sds)
+                dims = ("chain", "draw", "sample", "feature")
+                variables = {"draws": (dims, means), "draw_sd": (dims, sds), "mean": (dims[2:], mean),
+                             "sd": (dims[2:], sd)}
+                if first.signal_sd is not None:
+                    sig = np.stack([d[r][key].signal_sd for d in per_draw]).reshape(means.shape)
+                    variables["draw_signal_sd"] = (dims, sig)
+                    variables["signal_sd"] = (dims[2:], _pooled(means, sig)[1])
+                n, F = first.mean.shape
+                if first.times is not None:
+                    times = np.asarray(first.times)
+                elif runs is not None:
+                    times = runs[r].stream(key).times
+                else:
+                    times = np.full(n, np.nan)
+                coords = {"chain": chains, "draw": kept, "sample": np.arange(n), "time": ("sample", times),
+                          "feature": np.arange(F)}
+                attrs = {"thin": int(thin), "run": r, "key": key, "num_pooled": C * S}
+                streams[key] = xr.Dataset(variables, coords=coords, attrs=attrs)
+            out.append(streams)
+        return out
+
+    def _progress(self, progress: bool | None) -> bool:
+        return self.progress if progress is None else bool(progress)
+
+    def _kept_draws(self, thin) -> tuple[np.ndarray, np.ndarray, list]:
+        """(chain labels (C,), kept draw indices (S,), Params of every kept draw in chain-major order)."""
+        if self.model is None:
+            raise ValueError("this Posterior holds no model (model=None): latents and predictions need the model "
+                             "the draws belong to")
+        C, num_draws, _ = self.draws_u.shape
+        if isinstance(thin, (bool, np.bool_)) or not isinstance(thin, (int, np.integer)):
+            raise ValueError(f"thin must be a positive int, got {thin!r}")
+        if thin <= 0:
+            raise ValueError(f"thin must be a positive int, got {thin}")
+        if thin > num_draws:
+            raise ValueError(f"thin={thin} is more than the {num_draws} draws per chain")
+        kept = np.arange(0, num_draws, int(thin))
+        chains = np.arange(C)
+        posterior = getattr(self.inference_data, "posterior", None)
+        if posterior is not None and "chain" in posterior.coords and posterior.sizes.get("chain") == C:
+            chains = np.asarray(posterior.coords["chain"].values)
+        thetas = [self.model.constrain(self.draws_u[c, s]) for c in range(C) for s in kept]
+        return chains, kept, thetas
+
+
+def _pooled(means: np.ndarray, sds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and sd of the equal-weight mixture of Gaussians N(means[c, s], sds[c, s]^2) over the leading two axes.
+
+    Law of total variance: ``Var = E[Var | theta] + Var[E | theta]``, the second term with divisor S (the
+    mixture's own variance, not an estimate of a larger population's).
+    """
+    mean = means.mean(axis=(0, 1))
+    var = np.mean(sds**2, axis=(0, 1)) + np.mean((means - mean) ** 2, axis=(0, 1))
+    return mean, np.sqrt(var)
+
+
+def _pooled_cov(means: np.ndarray, covs: np.ndarray) -> np.ndarray:
+    """The mixture's (J, K, K) covariance: the mean of the (C, S, J, K, K) covariances plus the covariance (divisor
+    S) of the (C, S, J, K) means."""
+    dev = means - means.mean(axis=(0, 1))
+    return covs.mean(axis=(0, 1)) + np.einsum("csjk,csjl->jkl", dev, dev) / (dev.shape[0] * dev.shape[1])
+
+
+def _progress(items: list, show: bool, desc: str):
+    """``items`` wrapped in a tqdm bar when ``show``."""
+    if not show:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, unit="draw")
 
 
 # ------------------------------------------------------------------------------------------ timing helpers
@@ -308,6 +472,7 @@ def sample(
         inference_data=idata, timings=timings, execution_info=info, num_leapfrog=num_leapfrog,
         num_leapfrog_warmup=warm_steps, seconds_per_leapfrog=per_leapfrog, draws_u=draws_u, summary=summary,
         chain_method=str(mcmc.chain_method), resumed=bool(resume), map_result=map_result, sample_stats=stats,
+        model=model, progress=bool(progress),
     )
 
 
