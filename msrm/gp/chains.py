@@ -77,7 +77,7 @@ def _chain_task(task: dict) -> dict:
     import jax
 
     from . import linalg
-    from .idata import save_netcdf
+    from .idata import group_names, save_netcdf
     from .posterior import sample
 
     device = task["device"]
@@ -88,7 +88,7 @@ def _chain_task(task: dict) -> dict:
         post = sample(model, num_chains=1, seed=task["seed"], **task["sample_kwargs"])
     idata = post.inference_data
     stamp = {"chain_index": task["chain"], "chain_seed": task["seed"]}
-    for group in idata.groups():
+    for group in group_names(idata):
         idata[group].attrs.update(stamp)
     archive = None
     if task["archive"] is not None:
@@ -211,7 +211,8 @@ def _decoded(value):
 
 def merge_chains(idatas: Sequence[Any], *, seeds: Sequence[int] | None = None, records: Sequence[dict] | None = None,
                  failures: Sequence[dict] | None = None):
-    """Concatenate InferenceData objects along ``chain`` (renumbered 0, 1, ...), keeping what each chain was.
+    """Concatenate InferenceData objects (ArviZ 0.23) or DataTrees (ArviZ 1.x) along ``chain`` (renumbered 0, 1,
+    ...), keeping what each chain was; the result is the installed ArviZ's container (:func:`.idata.from_groups`).
 
     Every group with a ``chain`` dimension (posterior, unconstrained_posterior, sample_stats, log_likelihood) is
     concatenated; groups without one (observed_data) must be identical and are kept once. The merged groups'
@@ -228,26 +229,25 @@ def merge_chains(idatas: Sequence[Any], *, seeds: Sequence[int] | None = None, r
     Raises:
         ValueError: nothing to merge, different groups, variables or draw counts, or different observed data.
     """
-    import arviz as az
     import xarray as xr
 
-    from .idata import json_attrs
+    from .idata import from_groups, group_dataset, group_names, json_attrs
 
     idatas = list(idatas)
     if not idatas:
         raise ValueError("merge_chains: no InferenceData to merge")
-    groups = list(idatas[0].groups())
+    groups = group_names(idatas[0])
     for i, d in enumerate(idatas[1:], start=1):
-        if list(d.groups()) != groups:
-            raise ValueError(f"merge_chains: input {i} has groups {list(d.groups())}, input 0 has {groups}")
+        if set(group_names(d)) != set(groups):  # the order differs between ArviZ versions and archives
+            raise ValueError(f"merge_chains: input {i} has groups {group_names(d)}, input 0 has {groups}")
     if seeds is not None and len(seeds) != len(idatas):
         raise ValueError(f"merge_chains: {len(seeds)} seeds for {len(idatas)} inputs")
     per_chain, chain_seeds = [], []
     for i, d in enumerate(idatas):
-        attrs = d[groups[0]].attrs
+        attrs = group_dataset(d, groups[0]).attrs
         sampler = _decoded(attrs.get("sampler")) or {}
         seed = seeds[i] if seeds is not None else (sampler.get("seed") if isinstance(sampler, dict) else None)
-        n_chains = d[groups[0]].sizes.get("chain", 1)
+        n_chains = group_dataset(d, groups[0]).sizes.get("chain", 1)
         entry = {"input": i, "seed": seed, "sampler": sampler, "execution_info": _decoded(attrs.get("execution_info")),
                  "timings": _decoded(attrs.get("timings"))}
         if records is not None:
@@ -257,7 +257,7 @@ def merge_chains(idatas: Sequence[Any], *, seeds: Sequence[int] | None = None, r
     extra = json_attrs({"chain_seeds": chain_seeds, "chains": per_chain, "failed_chains": list(failures or [])})
     out = {}
     for g in groups:
-        parts = [d[g] for d in idatas]
+        parts = [group_dataset(d, g) for d in idatas]
         if "chain" not in parts[0].dims:
             for i, p in enumerate(parts[1:], start=1):
                 if not p.equals(parts[0]):
@@ -279,12 +279,13 @@ def merge_chains(idatas: Sequence[Any], *, seeds: Sequence[int] | None = None, r
         ds.attrs = {k: v for k, v in parts[0].attrs.items() if k not in ("chain_index", "chain_seed")}
         ds.attrs.update(extra)
         out[g] = ds
-    return az.InferenceData(**out)
+    return from_groups(out)
 
 
 def chain_records(idata) -> dict:
     """The per-chain facts :func:`merge_chains` stored: ``{"chain_seeds": [...], "chains": [...],
     "failed_chains": [...]}`` (decoded from JSON, as after a NetCDF round trip)."""
-    group = idata.groups()[0]
-    attrs = idata[group].attrs
+    from .idata import group_dataset, group_names
+
+    attrs = group_dataset(idata, group_names(idata)[0]).attrs
     return {k: _decoded(attrs.get(k)) for k in ("chain_seeds", "chains", "failed_chains")}

@@ -6,6 +6,13 @@ factor, response parameter). NetCDF (HDF5) reserves ``/`` in names, so every var
 replaced by ``|`` (:func:`safe_name`): ``loadings[p0/brain]`` is stored as ``loadings[p0|brain]``; the original
 name is kept in the variable's ``msrm_name`` attribute. Nested attributes (execution_info, timings) are stored as
 JSON strings and decoded by :func:`load_netcdf`.
+
+**ArviZ 0.23 and 1.x.** ArviZ 0.23 holds the groups in an ``arviz.InferenceData`` (``idata.groups()`` is a
+method, ``idata[name]`` an ``xarray.Dataset``); ArviZ 1.x holds them in an ``xarray.DataTree`` (one child node per
+group, ``DataTree.groups`` is a property of paths, ``tree[name]`` a node, ``tree[name].to_dataset()`` its
+Dataset). :func:`from_groups`, :func:`group_names` and :func:`group_dataset` give one spelling for both, so what
+a user gets is the container of the installed ArviZ. Both versions write one NetCDF (HDF5) group per ArviZ group,
+so an archive written under one version loads under the other (``tests/data`` holds one written under 0.23).
 """
 from __future__ import annotations
 
@@ -18,9 +25,64 @@ import numpy as np
 from .. import atomic
 
 __all__ = ["safe_name", "physical_draws", "observed_summary", "build_inference_data", "save_netcdf", "load_netcdf",
-           "json_attrs"]
+           "json_attrs", "arviz_major", "from_groups", "group_names", "group_dataset"]
 
 _JSON_ATTRS = ("execution_info", "timings", "sampler", "checkpoint", "map")
+
+
+def arviz_major() -> int:
+    """Major version of the installed ArviZ (0 for 0.23, 1 for 1.x); imports ArviZ."""
+    import arviz as az
+
+    return int(str(az.__version__).split(".")[0])
+
+
+def _is_tree(idata) -> bool:
+    """Whether ``idata`` is an ``xarray.DataTree`` (ArviZ 1.x) rather than an ``arviz.InferenceData`` (0.23)."""
+    import xarray as xr
+
+    return isinstance(idata, xr.DataTree)
+
+
+def from_groups(groups: Mapping[str, Any]):
+    """The installed ArviZ's container of ``groups`` (name -> ``xarray.Dataset``, attributes kept).
+
+    ArviZ 0.23: ``arviz.InferenceData(**groups)``; ArviZ 1.x: ``xarray.DataTree`` with one child per group.
+    """
+    import xarray as xr
+
+    for name, ds in groups.items():
+        if not isinstance(ds, xr.Dataset):
+            raise ValueError(f"from_groups: group {name!r} must be an xarray.Dataset, got {type(ds).__name__}")
+        if not name or "/" in name:
+            raise ValueError(f"from_groups: group name {name!r} must be non-empty and contain no '/'")
+    if arviz_major() >= 1:
+        return xr.DataTree.from_dict({f"/{name}": ds for name, ds in groups.items()})
+    import arviz as az
+
+    return az.InferenceData(**groups)
+
+
+def group_names(idata) -> list[str]:
+    """Names of the groups of an InferenceData (0.23) or DataTree (1.x), in their stored order."""
+    if _is_tree(idata):
+        return list(idata.children)
+    groups = getattr(idata, "groups", None)
+    if not callable(groups):
+        raise ValueError(f"group_names needs an arviz.InferenceData or an xarray.DataTree, got {type(idata).__name__}")
+    return list(groups())
+
+
+def group_dataset(idata, name: str):
+    """Group ``name`` as an ``xarray.Dataset`` (a DataTree node is converted with ``to_dataset()``).
+
+    Raises:
+        KeyError: no such group.
+    """
+    if name not in group_names(idata):
+        raise KeyError(f"no group {name!r} (have {group_names(idata)})")
+    part = idata[name]
+    return part.to_dataset() if _is_tree(idata) else part
 
 
 def safe_name(name: str) -> str:
@@ -136,7 +198,7 @@ def build_inference_data(
     attrs: Mapping[str, Any] | None = None,
     physical: Mapping[str, np.ndarray] | None = None,
 ):
-    """An ``arviz.InferenceData`` from unconstrained draws.
+    """An ``arviz.InferenceData`` (ArviZ 0.23) or ``xarray.DataTree`` (ArviZ 1.x) from unconstrained draws.
 
     Args:
         model: supplies ``constrain`` and ``param_dims()``.
@@ -147,7 +209,6 @@ def build_inference_data(
         attrs: attributes for every group (nested values are JSON-encoded).
         physical: precomputed physical draws (default :func:`physical_draws`).
     """
-    import arviz as az
     import xarray as xr
 
     draws_u = np.asarray(draws_u, dtype=np.float64)
@@ -179,7 +240,7 @@ def build_inference_data(
     if observed:
         obs_dims = {k: (_observed_dims(k, np.ndim(v)), {}) for k, v in observed.items()}
         groups["observed_data"] = dataset(observed, obs_dims, lead=0)
-    return az.InferenceData(**groups)
+    return from_groups(groups)
 
 
 def save_netcdf(idata, path: str | Path) -> Path:
@@ -190,18 +251,36 @@ def save_netcdf(idata, path: str | Path) -> Path:
     return path
 
 
-def load_netcdf(path: str | Path):
-    """Load an archive written by :func:`save_netcdf`; JSON-encoded attributes are decoded back to dicts."""
+def _read_netcdf(path: Path):
+    """The archive's groups, loaded into memory and the file closed, in the installed ArviZ's container.
+
+    ArviZ 0.23's ``from_netcdf`` loads every group eagerly. Under ArviZ 1.x ``arviz.from_netcdf`` is
+    ``xarray.open_datatree``, which reads lazily and keeps the file open; the tree is loaded and the file closed
+    here, so the archive can be replaced (atomic writes) while the result is in use. Only the child groups are
+    read: :func:`save_netcdf` leaves the root group empty under both versions.
+    """
+    import xarray as xr
+
+    if arviz_major() >= 1:
+        with xr.open_datatree(str(path), engine="h5netcdf") as tree:
+            groups = {name: node.to_dataset().load() for name, node in tree.children.items()}
+        return from_groups(groups)
     import arviz as az
 
+    return az.from_netcdf(str(path), engine="h5netcdf")
+
+
+def load_netcdf(path: str | Path):
+    """Load an archive written by :func:`save_netcdf` (under ArviZ 0.23 or 1.x) into the installed ArviZ's
+    container; JSON-encoded attributes are decoded back to dicts."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"posterior archive {path} not found")
     try:
-        idata = az.from_netcdf(str(path), engine="h5netcdf")
+        idata = _read_netcdf(path)
     except (OSError, ValueError) as exc:
         raise ValueError(f"posterior archive {path} is not a readable NetCDF/HDF5 file ({exc})") from exc
-    for group in idata.groups():
+    for group in group_names(idata):
         ds = idata[group]
         for k in _JSON_ATTRS:
             if isinstance(ds.attrs.get(k), str):
