@@ -8,6 +8,8 @@ loky workers receive it by value (cloudpickle), since tests/ is not importable t
 from __future__ import annotations
 
 import functools
+import sys
+from pathlib import Path
 
 import cloudpickle
 import numpy as np
@@ -23,6 +25,8 @@ from toy_model import ToyModel
 
 msrm.runtime.enable_x64()
 cloudpickle.register_pickle_by_value(toy_model)
+sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+import idata_fixture  # noqa: E402  (tests/data: a small InferenceData built without sampling)
 
 SETTINGS = dict(num_warmup=60, num_samples=40, max_tree_depth=4, init="prior", diagnostics=False)
 
@@ -108,3 +112,49 @@ def test_bad_arguments_raise_before_any_chain():
         sample_chains(build, 0)
     with pytest.raises(ValueError, match="build_model"):
         sample_chains("not a model", 2)
+
+
+def _fixture(seed, observed_seed=0):
+    """The archive fixture with the draws of ``seed`` and the observed data of ``observed_seed``."""
+    from msrm.gp.idata import build_inference_data
+
+    p, obs = idata_fixture.fixture_parts(seed), idata_fixture.fixture_parts(observed_seed)["observed"]
+    attrs = {**idata_fixture.ATTRS, "sampler": {"seed": 100 + seed}}
+    return p, build_inference_data(idata_fixture.StandIn(), p["draws_u"], p["sample_stats"],
+                                   log_likelihood=p["log_likelihood"], observed=obs, attrs=attrs)
+
+
+def test_merge_of_built_inference_data_concatenates_chains_in_the_installed_container(tmp_path):
+    """No sampling: two objects of two chains each, one of them loaded back from NetCDF (its groups then come in
+    the archive's order), merged into four chains, against plain concatenation of the arrays."""
+    (pa, a), (pb, b) = _fixture(0), _fixture(1)
+    b = idata_mod.load_netcdf(idata_mod.save_netcdf(b, tmp_path / "b.nc"))
+    merged = merge_chains([a, b], records=[{"archive": None}, {"archive": "b.nc"}])
+    assert type(merged) is type(a)
+    C = idata_fixture.CHAINS
+    np.testing.assert_array_equal(np.asarray(merged.unconstrained_posterior["u"]),
+                                  np.concatenate([pa["draws_u"], pb["draws_u"]]))
+    np.testing.assert_array_equal(np.asarray(merged.sample_stats["lp"]),
+                                  np.concatenate([pa["sample_stats"]["lp"], pb["sample_stats"]["lp"]]))
+    np.testing.assert_array_equal(np.asarray(merged.posterior["chain"]), np.arange(2 * C))
+    np.testing.assert_array_equal(np.asarray(merged.observed_data["p0_brain_mean"]),
+                                  np.asarray(a.observed_data["p0_brain_mean"]))
+    rec = chain_records(merged)
+    assert rec["chain_seeds"] == [100] * C + [101] * C
+    assert [c["archive"] for c in rec["chains"]] == [None] * C + ["b.nc"] * C
+    back = idata_mod.load_netcdf(idata_mod.save_netcdf(merged, tmp_path / "merged.nc"))
+    np.testing.assert_array_equal(np.asarray(back.posterior["lengthscales"]),
+                                  np.asarray(merged.posterior["lengthscales"]))
+    assert chain_records(back) == rec
+    # refusals: other observed data, other draw counts, other groups
+    with pytest.raises(ValueError, match="observed_data"):
+        merge_chains([a, _fixture(1, observed_seed=1)[1]])
+    short = idata_mod.from_groups({g: idata_mod.group_dataset(b, g).isel(draw=slice(0, 3))
+                                   if "draw" in idata_mod.group_dataset(b, g).dims else idata_mod.group_dataset(b, g)
+                                   for g in idata_mod.group_names(b)})
+    with pytest.raises(ValueError, match="draws"):
+        merge_chains([a, short])
+    fewer = idata_mod.from_groups({g: idata_mod.group_dataset(b, g) for g in idata_mod.group_names(b)
+                                   if g != "log_likelihood"})
+    with pytest.raises(ValueError, match="groups"):
+        merge_chains([a, fewer])

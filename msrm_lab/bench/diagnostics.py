@@ -7,6 +7,10 @@ where that would take too long for the profile, on a leading subset, reported pe
 the largest relative difference between the two (an agreement fingerprint, expected <= 1e-8). The first call of
 ``msrm.diagnostics``, which compiles its Numba kernels or loads them from Numba's cache, is recorded on its own
 (``msrm_first_call_seconds``).
+
+ArviZ 0.23 and 1.x both work. ArviZ 1.x's ``summary`` computes its tail ESS at other quantiles than the usual
+5%/95% (Vehtari et al. 2021, ArviZ 0.23, ``msrm.diagnostics``); under 1.x the agreement fingerprint therefore
+compares the tail ESS with ``arviz.ess(method="tail", prob=(0.05, 0.95))``, computed after the timed summary.
 """
 from __future__ import annotations
 
@@ -45,12 +49,18 @@ def ar1_draws(chains: int, draws: int, n_params: int, seed: int = 0) -> np.ndarr
     return x
 
 
+def _arviz_1() -> bool:
+    import arviz as az
+
+    return int(az.__version__.split(".")[0]) >= 1
+
+
 def _arviz_summary(x: np.ndarray):
     import logging
 
     import arviz as az
 
-    idata = az.from_dict(posterior={"x": x})
+    idata = az.from_dict({"posterior": {"x": x}}) if _arviz_1() else az.from_dict(posterior={"x": x})
     log = logging.getLogger("arviz")
     level = log.level
     log.setLevel(logging.ERROR)  # one chain: ArviZ logs a shape warning per parameter (R-hat is NaN)
@@ -60,6 +70,15 @@ def _arviz_summary(x: np.ndarray):
             return az.summary(idata, round_to="none")
     finally:
         log.setLevel(level)
+
+
+def _arviz_tail_ess(x: np.ndarray) -> np.ndarray:
+    """ArviZ 1.x's tail ESS of every parameter at the 5% and 95% quantiles (the definition of the other columns)."""
+    import arviz as az
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.asarray(az.ess(x, method="tail", prob=(0.05, 0.95)), dtype=float).reshape(-1)
 
 
 def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: int = 0) -> list[dict]:
@@ -86,7 +105,7 @@ def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: 
             disagree on which entries are finite."""
             worst = 0.0
             for col in ("mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat"):
-                a, b = got[col].to_numpy(), want[col].to_numpy()
+                a, b = got[col].to_numpy(dtype=float), want[col].to_numpy(dtype=float)
                 ok = np.isfinite(a) & np.isfinite(b)
                 if not np.array_equal(np.isfinite(a), np.isfinite(b)):
                     worst = np.inf
@@ -118,6 +137,8 @@ def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: 
         t0 = time.perf_counter()
         ref = _arviz_summary(x[:, :, :n_az])
         az_s = time.perf_counter() - t0
+        if _arviz_1():
+            ref["ess_tail"] = _arviz_tail_ess(x[:, :, :n_az])
         row("arviz_seconds", az_s, "s", implementation="arviz.summary", arviz_params=n_az)
         row("arviz_seconds_per_param", az_s / n_az, "s", implementation="arviz.summary", arviz_params=n_az)
         row("arviz_projected_seconds_all_params", az_s / n_az * P, "s", implementation="arviz.summary",
