@@ -187,3 +187,21 @@ def test_a_posterior_without_its_model_refuses(toy_post):
                      num_leapfrog_warmup=None, seconds_per_leapfrog=None, draws_u=post.draws_u)
     with pytest.raises(ValueError, match="holds no model"):
         bare.latent_posterior(thin=2)
+
+
+def test_plot_latents_draws_the_pooled_posterior(toy_post):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from msrm import plot
+
+    _, post = toy_post
+    result = post.latent_posterior(thin=2, progress=False)
+    fig = plot.latents(result, run=1)
+    try:
+        assert len(fig.axes) == 2
+        for k, ax in enumerate(fig.axes):
+            np.testing.assert_array_equal(ax.lines[0].get_ydata(), result[1]["mean"].values[:, k])
+    finally:
+        plt.close(fig)
