@@ -6,15 +6,23 @@ ungrouped table (every (stream, sample) its own node, the reference); both are p
 (:func:`msrm.gp.multirun.stack_runs`: one ``jax.vmap`` per stack, padded within ``pad_tolerance``, sharded over
 several devices); ``batch_runs=False`` evaluates each run as a stack of its own (one device). Both give the same
 values to rounding.
+
+The latent posterior and the predictions (:mod:`msrm.gp.conditional`) are computed per run on a per-run layout of
+the same kind (the model's own when it is per run, else prepared again once and cached with the model's prepared
+object), with native JAX linear algebra, and returned as host NumPy :class:`msrm.LatentPosterior` and
+:class:`msrm.Prediction` objects. A guard event other than a plain Cholesky factorization is reported as a
+``RuntimeWarning`` naming the run and what the guard did.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import jax
 import numpy as np
 
-from . import likelihood, memory, multirun
+from ..latent import LatentPosterior, Prediction
+from . import conditional, likelihood, linalg, memory, multirun
 from .backends import Backend, register_backend
 from .prepare import Prepared, prepare
 
@@ -92,6 +100,33 @@ class GroupedBackend(Backend):
 
     def run_logliks(self, theta, prepared):
         return likelihood.run_logliks(theta, prepared)
+
+    def latent_posterior(self, theta, prepared, data, spec, cov: bool = False) -> list[LatentPosterior]:
+        """Per run, the exact ``p(Z | Y, theta)`` on its grid (:func:`msrm.gp.conditional.posterior_arrays`)."""
+        tables = conditional.run_tables(prepared, data, spec, grouped=self.grouped)
+        out = []
+        for r, (run, res) in enumerate(zip(tables.runs, conditional.evaluate(tables, theta))):
+            _warn_event(res["event"], r, "latent posterior")
+            out.append(LatentPosterior(grid=run.layout.grid, mean=res["mean"], sd=res["sd"],
+                                       cov=res["cov"] if cov else None))
+        return out
+
+    def predict(self, theta, prepared, data, spec) -> list[dict[str, Prediction]]:
+        """Per run, per stream key, the predictive of every sample (:func:`msrm.gp.conditional.posterior_arrays`)."""
+        tables = conditional.run_tables(prepared, data, spec, grouped=self.grouped)
+        out = []
+        for r, (query, res) in enumerate(zip(tables.queries, conditional.evaluate(tables, theta))):
+            _warn_event(res["event"], r, "predictions")
+            out.append({key: Prediction(mean=m, sd=sd, signal_sd=ssd, times=query.times[key])
+                        for key, (m, sd, ssd) in sorted(res["streams"].items())})
+        return out
+
+
+def _warn_event(event, run: int, what: str) -> None:
+    event = int(event)
+    if event != 0:
+        warnings.warn(f"{what}, run {run}: the guarded factorization of M used {linalg.describe_event(event)}",
+                      RuntimeWarning, stacklevel=3)
 
 
 DENSE = register_backend(GroupedBackend("dense", grouped=False))

@@ -21,7 +21,8 @@ and ``t = W^T D^-1 e``:
 from ``P_BB = D^{-1}(D - W Q_uu W^T) D^{-1}``, ``g_B = D^{-1} e``, the determinant lemma and Woodbury on the
 K x K block. Only the diagonal K x K blocks of ``Q`` are needed: with ``L L^T = M`` and ``X = L^{-1} R C``,
 ``Q_uu = diag(C_k[u,u]) - (X^T X)_uu`` (one triangular solve with NK right-hand sides, about the cost of one
-factorization). A sample with every feature missing contributes an empty block (0).
+factorization): :func:`msrm.gp.conditional.node_posterior`, the node-space conditional that also gives the
+latent posterior and the predictions. A sample with every feature missing contributes an empty block (0).
 
 This is evidence for model comparison, not part of the gradient path: it runs in native JAX (guarded Cholesky
 of :mod:`msrm.gp.linalg`), on the per-run layout of :mod:`msrm.gp.prepare`, and its sum is *not* the joint log
@@ -33,31 +34,14 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.scipy.linalg import solve_triangular
 
 from . import linalg
-from .likelihood import node_covariance, node_information, woodbury_system
+from .conditional import node_posterior
 from .prepare import Prepared, RunPrepared
 
 __all__ = ["run_pointwise", "pointwise_logliks"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
-
-
-def _node_posterior(theta, run: RunPrepared):
-    """Posterior mean ``m`` (N, K), diagonal blocks ``Q_uu`` (N, K, K) of the node values, and the guard event."""
-    layout = run.layout
-    N, K = layout.n_nodes, layout.n_factors
-    _, eta, R, _ = node_information(theta, run)
-    C, Ce, v, M = woodbury_system(eta, R, node_covariance(theta, layout))
-    L, event = linalg.native_factor(M)  # M is bitwise symmetric (woodbury_system)
-    B = R[:, :, None, :] * jnp.transpose(C, (1, 2, 0))[:, None, :, :]  # (R C)[(u,a),(v,k)] = R_u[a,k] C_k[u,v]
-    X = solve_triangular(L, B.reshape(N * K, N * K), lower=True).reshape(N * K, N, K)
-    w = solve_triangular(L, v, lower=True)
-    diagC = jnp.diagonal(C, axis1=1, axis2=2).T  # (N, K): C_k[u, u]
-    Q = diagC[:, :, None] * jnp.eye(K) - jnp.einsum("xuk,xul->ukl", X, X)
-    m = Ce - jnp.einsum("xuk,x->uk", X, w)
-    return m, Q, event
 
 
 def _logdet_and_solve(A, b):
@@ -69,7 +53,7 @@ def run_pointwise(theta, run: RunPrepared) -> tuple[dict, jax.Array]:
     """``{stream key: (n_s,) log p(y_si | rest)}`` for one run, and the factorization's guard event."""
     layout = run.layout
     K = layout.n_factors
-    m, Q, event = _node_posterior(theta, run)
+    m, Q, event = node_posterior(theta, run)
     eye = jnp.eye(K)
     out = {}
     for sl, st in zip(layout.streams, run.streams):
