@@ -14,6 +14,7 @@ Modules: :mod:`.sde` (Matérn SDEs), :mod:`.embedding` (delay line and banks), :
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from ..backends import Backend, register_backend
 from .prepare import StateSpaceOptions, StateSpacePrepared, prepare, prepare_options
@@ -79,6 +80,31 @@ class StateSpaceBackend(Backend):
 
     def run_logliks(self, theta, prepared):
         return run_logliks(theta, prepared)
+
+    def latent_posterior(self, theta, prepared, data, spec, cov: bool = False):
+        """Per run the exact ``p(Z | Y, theta)`` on its grid by the RTS smoother of :mod:`.smoother` (the
+        approximate model's posterior under a filter-bank embedding)."""
+        from ...latent import LatentPosterior
+        from .smoother import smooth_run
+
+        out = []
+        for run in prepared.runs:
+            sm = smooth_run(theta, run, nodes=False, grid=True)
+            sd = np.sqrt(np.maximum(np.diagonal(sm.grid_cov, axis1=1, axis2=2), 0.0))
+            out.append(LatentPosterior(grid=run.gp.layout.grid, mean=sm.grid_mean, sd=sd,
+                                       cov=sm.grid_cov if cov else None))
+        return out
+
+    def predict(self, theta, prepared, data, spec):
+        """Per run, per stream key, the posterior predictive of every sample (missing ones included) from the
+        smoothed node values of :mod:`.smoother`."""
+        from .smoother import smooth_run, stream_predictions
+
+        out = []
+        for run, data_run in zip(prepared.runs, data.runs):
+            sm = smooth_run(theta, run, nodes=True, grid=False)
+            out.append(stream_predictions(theta, run.gp, data_run, sm.node_mean, sm.node_cov))
+        return out
 
 
 STATE_SPACE = register_backend(StateSpaceBackend())
