@@ -3,24 +3,48 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .DEFAULT_GOAL := help
 
-PYTHON_BOOT ?= $(shell command -v python3.11 || command -v python3)
+# The first interpreter that actually runs (a pyenv shim on PATH may exist for a version that is not active):
+# Python 3.12 (python3.12, else the newest of pyenv's 3.12.x), which gets the current JAX; else python3.11 (JAX
+# 0.10); else python3. `first_python` prints the command of the first candidate that starts.
+PYENV_VERSIONS := $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions
+first_python = $(shell for p in $(1); do \
+  if [ -n "$$p" ] && "$$p" -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; then \
+  echo "$$p"; break; fi; done)
+PY312_CANDIDATES := python3.12 $(lastword $(sort $(wildcard $(PYENV_VERSIONS)/3.12.*/bin/python3.12)))
+PY311_CANDIDATES := python3.11 $(lastword $(sort $(wildcard $(PYENV_VERSIONS)/3.11.*/bin/python3.11)))
+ifeq ($(origin PYTHON_BOOT),undefined)
+PYTHON_BOOT := $(call first_python,$(PY312_CANDIDATES) $(PY311_CANDIDATES) python3)
+endif
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
-EXTRAS      ?= bayes,dask,book,test
+EXTRAS      ?= bayes,dask,book,test,plot
+# make test-oldest: Python 3.11 with the oldest supported JAX, NumPyro and ArviZ (constraints/oldest.txt)
+ifeq ($(origin PYTHON_OLDEST),undefined)
+PYTHON_OLDEST := $(call first_python,$(PY311_CANDIDATES))
+endif
+VENV_OLDEST   ?= .venv-oldest
+PY_OLDEST     := $(VENV_OLDEST)/bin/python
+STAMP_OLDEST  := $(VENV_OLDEST)/.msrm-installed
+BENCH_ARGS    ?=
 STAMP       := $(VENV)/.msrm-installed
 CHROMIUM    ?= /usr/bin/chromium
 DEVICE      ?= auto
 HTML        := _build/html
 
-.PHONY: help install chromium book notebooks html check-book test test-slow notes clean
+.PHONY: help install chromium book notebooks html check-book test test-oldest test-slow notes bench-device clean
 
 help:
 	@echo "make book       install if needed, run the notebooks (quick profile) on this machine, build $(HTML)"
-	@echo "make test       install if needed, run the default test suite (fails when no test ran)"
+	@echo "make test       install if needed, run the default test suite (fails when no test ran); Python 3.12"
+	@echo "                when the machine has it (current JAX), else 3.11; interpreter: $(PYTHON_BOOT)"
+	@echo "make test-oldest  the same tests in $(VENV_OLDEST): Python 3.11 with the oldest supported JAX, NumPyro"
+	@echo "                and ArviZ (constraints/oldest.txt)"
 	@echo "make test-slow  the slow tests (long benchmarks, the full book build)"
 	@echo "make notes      run the notebooks with the note profile (the research note's scale)"
+	@echo "make bench-device  the device benchmark script, tools/bench_device.sh \$$(BENCH_ARGS)"
 
 $(PY):
+	@if [ -z "$(PYTHON_BOOT)" ]; then echo "no Python >= 3.11 found (tried python3.12, pyenv 3.12.x, python3.11, python3)" >&2; exit 1; fi
 	$(PYTHON_BOOT) -m venv $(VENV)
 
 # Reinstall only when pyproject.toml changed since the last install (the stamp records it).
@@ -29,6 +53,14 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(PY_OLDEST):
+	@if [ -z "$(PYTHON_OLDEST)" ]; then echo "make test-oldest needs Python 3.11 (python3.11 or pyenv 3.11.x)" >&2; exit 1; fi
+	$(PYTHON_OLDEST) -m venv $(VENV_OLDEST)
+
+$(STAMP_OLDEST): pyproject.toml constraints/oldest.txt | $(PY_OLDEST)
+	$(PY_OLDEST) -m pip install -e '.[$(EXTRAS)]' -c constraints/oldest.txt
+	touch $(STAMP_OLDEST)
 
 # Chromium is needed only for the rendered-book check; install it through apt when missing and root.
 chromium:
@@ -61,11 +93,18 @@ book: install chromium
 test: install chromium
 	$(PY) -m pytest -q -m "not slow"
 
+# The default selection again, on the oldest supported combination.
+test-oldest: $(STAMP_OLDEST) chromium
+	$(PY_OLDEST) -m pytest -q -m "not slow"
+
 test-slow: install chromium
 	$(PY) -m pytest -q -m slow
 
 notes: install
 	$(PY) -m msrm_lab.notebooks run --profile note --device $(DEVICE)
+
+bench-device:
+	bash tools/bench_device.sh $(BENCH_ARGS)
 
 clean:
 	rm -rf _build
