@@ -1,9 +1,12 @@
 """Every registered response against its own slow forms: the windowed rows against the dense rows over the whole
 grid, the analytic derivatives against central differences, JAX against NumPy, the archive form round trip.
 
-The tests iterate over :data:`msrm.responses.RESPONSES` with each class's default settings, so a response added
-to the registry is tested by them."""
+The tests iterate over :data:`msrm.responses.RESPONSES` with each class's default settings (plus the settings in
+``MORE`` that switch on further parameters), so a response added to the registry is tested by them. The grid's
+padding covers the largest ``max_support`` of these instances, as the spec's default padding does."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -11,15 +14,19 @@ import pytest
 import msrm
 from msrm.operators import (jax_window_weights, response_weights, response_weights_and_derivs_csr,
                             response_weights_csr, window_layout)
-from msrm.responses import RESPONSES, Response, get_response, register_response, response_from_dict
+from msrm.responses import HRF, RESPONSES, Response, get_response, register_response, response_from_dict
 
 NAMES = tuple(RESPONSES)
-GRID = np.arange(-12.0, 40.0, 0.8)
+# non-default settings that add parameters (HRF: the dispersion)
+MORE = {"hrf-dispersion": HRF(dispersion_bounds=(0.8, 1.25))}
+INSTANCES = {**{n: RESPONSES[n]() for n in NAMES}, **MORE}
+PAD = max(r.max_support for r in INSTANCES.values())
+GRID = np.arange(-0.8 * np.ceil(PAD / 0.8), 40.0, 0.8)
 TIMES = np.array([0.0, 0.3, 1.7, 5.55, 12.0, 20.4, 31.9])
 
 
 def instances():
-    return [pytest.param(RESPONSES[n](), id=n) for n in NAMES]
+    return [pytest.param(r, id=n) for n, r in INSTANCES.items()]
 
 
 @pytest.mark.parametrize("response", instances())
@@ -28,8 +35,8 @@ def test_windowed_rows_hold_the_dense_rows(response):
         dense = response_weights(TIMES, response, theta, GRID)
         windowed = response_weights_csr(TIMES, response, theta, GRID).toarray()
         # a window drops only weights below 1e-12 of the row's largest
-        np.testing.assert_allclose(windowed, dense, rtol=0, atol=1e-12 * dense.max())
-        assert np.all(dense >= 0)
+        np.testing.assert_allclose(windowed, dense, rtol=0, atol=1e-12 * np.abs(dense).max())
+        assert np.all(dense >= 0) or not response.nonnegative
         np.testing.assert_allclose(dense.sum(axis=1), 1.0, rtol=0, atol=1e-12)
 
 
@@ -62,6 +69,7 @@ def test_jax_weights_equal_numpy(response):
 @pytest.mark.parametrize("response", instances())
 def test_parameters_bounds_and_archive_form(response):
     assert response.name in RESPONSES and get_response(response.name) is type(response)
+    assert set(response.to_dict()) == {"type"} | {f.name for f in dataclasses.fields(response)}
     assert set(response.bounds) == set(response.param_names)
     for theta in response.probe_thetas():
         assert set(theta) == set(response.param_names)
