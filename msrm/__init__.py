@@ -1,6 +1,6 @@
 """MSRM: shared latent-factor models across participants and modalities.
 
-``import msrm`` loads only NumPy/SciPy code. JAX is imported when a GP model is first used
+``import msrm`` loads only NumPy/SciPy code (``msrm.plot`` imports matplotlib when a plot is drawn). JAX is imported when a GP model is first used
 (``msrm.GPMSRM``), never as a side effect of importing the package; call ``msrm.runtime.enable_x64()`` or
 ``msrm.runtime.configure(...)`` explicitly before building GP models.
 """
@@ -23,7 +23,7 @@ __all__ = [
     "Stream", "Run", "Dataset", "ModelSpec", "Identity", "GaussianLag", "GaussianWidthLag", "latent_grid",
     "Params", "GPMSRM", "fit_rmsrm", "load_rfit", "RFit", "diagnostics", "runtime", "parallel",
     "response_weights", "response_weights_csr", "prepare_nodes", "response_groups", "count_nodes", "kernels",
-    "responses", "LatentPosterior", "Prediction",
+    "responses", "LatentPosterior", "Prediction", "HRF", "align", "Alignment", "cross_validate", "plot",
 ]
 
 # Resolved on first access so that `import msrm` never imports JAX (R-MSRM is NumPy/SciPy only).
@@ -34,6 +34,11 @@ _LAZY = {
     "RFit": ("msrm.rmsrm", "RFit"),
     "diagnostics": ("msrm.diagnostics", None),
     "parallel": ("msrm.parallel", None),
+    "HRF": ("msrm.responses", "HRF"),
+    "align": ("msrm.align", "align"),
+    "Alignment": ("msrm.align", "Alignment"),
+    "cross_validate": ("msrm.validation", "cross_validate"),
+    "plot": ("msrm.plot", None),  # imports matplotlib only inside its functions
 }
 
 
