@@ -25,7 +25,8 @@ class ModelSpec:
         kernel: GP prior kernel, a name in :data:`msrm.kernels.KERNELS` (e.g. ``"matern32"``).
         pooling: ``"shared"`` (one response theta per modality) or ``"individual"`` (one per stream).
         latent_pad: seconds of grid before t = 0; ``None`` = the largest response support the bounds allow
-            (lag_max + 4 width_max). Rounded up to a multiple of ``latent_dt``.
+            (the largest ``Response.max_support``: lag_max + 4 width_max for a Gaussian response, delay_max +
+            dispersion_max x ``HRF_SUPPORT`` for the HRF). Rounded up to a multiple of ``latent_dt``.
         responses: modality name -> Response.
     """
 
