@@ -66,7 +66,7 @@ class LatentToy(ToyModel):
 def toy_post():
     msrm.runtime.enable_x64()
     model = LatentToy(seed=4)
-    post = sample(model, num_warmup=60, num_samples=NUM_SAMPLES, num_chains=2, seed=3, max_tree_depth=4,
+    post = sample(model, num_warmup=40, num_samples=NUM_SAMPLES, num_chains=2, seed=3, max_tree_depth=4,
                   init="prior", progress=False, diagnostics=False)
     return model, post
 
@@ -80,6 +80,7 @@ def _by_hand(model, post, thin, what):
 
 def test_latent_posterior_pools_by_the_law_of_total_variance(toy_post):
     model, post = toy_post
+    assert post.model is model and post.progress is False
     thin = 3
     got = post.latent_posterior(thin=thin, progress=False)
     kept, per = _by_hand(model, post, thin, model.latent_posterior)
@@ -205,3 +206,37 @@ def test_plot_latents_draws_the_pooled_posterior(toy_post):
             np.testing.assert_array_equal(ax.lines[0].get_ydata(), result[1]["mean"].values[:, k])
     finally:
         plt.close(fig)
+
+
+def test_gpmsrm_draws_pool_the_models_own_results():
+    """The real model's result types: Params from model.constrain, LatentPosterior and Prediction per run; the time
+    coordinate of a stream's samples is the stream's own clock. Draws scattered around the true parameters stand in
+    for a chain (NUTS on a GPMSRM compiles for minutes; the toy chains above cover the sampler's side)."""
+    import data_synth
+
+    msrm.runtime.enable_x64()
+    data, truth = data_synth.synthetic_dataset("tiny", n_features=2, seed=3, missing_fraction=0.1)
+    model = msrm.GPMSRM(data, truth.spec, linear_algebra="grouped")
+    u0 = model.unconstrain(truth.params)
+    draws_u = u0 + 0.05 * np.random.default_rng(1).normal(size=(2, 4, u0.size))
+    post = Posterior(inference_data=None, timings={}, execution_info={}, num_leapfrog=0, num_leapfrog_warmup=None,
+                     seconds_per_leapfrog=None, draws_u=draws_u, model=model)
+    (ds,) = post.latent_posterior(thin=2)
+    (streams,) = post.predict(thin=2)
+    lat = [model.latent_posterior(model.constrain(draws_u[c, s]))[0] for c in range(2) for s in (0, 2)]
+    means, sds = np.array([z.mean for z in lat]), np.array([z.sd for z in lat])
+    np.testing.assert_allclose(ds["mean"].values, means.mean(axis=0), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ds["sd"].values, np.sqrt((sds**2).mean(axis=0) + means.var(axis=0)), rtol=1e-12)
+    np.testing.assert_array_equal(ds["time"].values, msrm.latent_grid(data.runs[0].duration, truth.spec))
+    assert ds["draws"].shape == (2, 2) + means.shape[1:]
+    preds = [model.predict(model.constrain(draws_u[c, s]))[0] for c in range(2) for s in (0, 2)]
+    assert set(streams) == set(data.stream_keys)
+    for key, sds_ in streams.items():
+        stream = data.runs[0].stream(key)
+        m = np.array([p[key].mean for p in preds])
+        v = np.array([p[key].sd ** 2 for p in preds])
+        assert sds_["draws"].shape == (2, 2) + stream.values.shape
+        np.testing.assert_allclose(sds_["mean"].values, m.mean(axis=0), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(sds_["sd"].values, np.sqrt(v.mean(axis=0) + m.var(axis=0)), rtol=1e-12)
+        np.testing.assert_allclose(sds_["time"].values, stream.times, rtol=0, atol=1e-12)
+        assert np.isfinite(sds_["mean"].values).all()  # missing samples are predicted too
