@@ -152,7 +152,9 @@ class Posterior:
             total variance (``sd`` includes the noise variance) and ``signal_sd`` (the same without noise).
             Coords ``chain``, ``draw`` (kept indices), ``sample`` (0..n-1) with ``time`` (seconds) as a coordinate
             along ``sample``, ``feature`` (0..F-1); attrs ``thin``, ``run``, ``key``, ``num_pooled``. Missing
-            samples are predicted like observed ones (a NaN in the data is a held-out value).
+            samples are predicted like observed ones (a NaN in the data is a held-out value). The per-draw arrays
+            hold chains x kept draws x samples x features floats per stream: ``thin`` bounds their size for
+            streams with thousands of features.
         Raises:
             ValueError: bad ``thin``; a Posterior that holds no model.
         """
