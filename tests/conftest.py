@@ -15,6 +15,30 @@ def pytest_sessionstart(session):
     msrm.runtime.enable_x64()
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cuda: qualification on a CUDA GPU visible to JAX (tests/test_cuda.py); skipped without one")
+
+
+def _cuda_devices() -> list:
+    """The CUDA devices JAX sees (``[]`` when none, or when ``JAX_PLATFORMS`` leaves CUDA out)."""
+    import jax
+
+    try:
+        return list(jax.devices("cuda"))
+    except RuntimeError:
+        return []
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the ``cuda``-marked tests when JAX sees no CUDA device (JAX is asked only when such a test exists)."""
+    marked = [item for item in items if item.get_closest_marker("cuda") is not None]
+    if marked and not _cuda_devices():
+        skip = pytest.mark.skip(reason="no CUDA device visible to JAX")
+        for item in marked:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _float64_contract():
     """Fail loudly if something in the suite switched float64 off."""

@@ -52,6 +52,9 @@ PROFILES: dict[str, dict[str, Any]] = {
              "sweep": (360, 1200, 3600), "repeats": 5, "threads": True},
 }
 PROFILES["full"] = PROFILES["note"]
+# the device run (msrm_lab.device) on one GPU: the note's one-eighth case, K = 3 and 5; no CPU thread sweep
+PROFILES["device"] = {"profile": "one-eighth", "duration_scale": 1.0, "n_features": 3600, "factors": (3, 5),
+                      "sweep": (360, 1200, 3600), "repeats": 3, "threads": False}
 
 FINGERPRINT_ENTRIES = ("lengthscales[0]", "response/rating/lag", "response/physio/width", "noise_sd/p1/brain[0]",
                        "loadings/p1/brain[0,0]", "intercepts/p5/rating[0]")

@@ -53,6 +53,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     "note": {"sizes": [512, 1024, 2048, 2727, 4096, 8192], "repeats": 3, "memory_dim": 2727},
 }
 PROFILES["full"] = PROFILES["note"]  # full recordings change the models' sizes, not these
+# the device run (msrm_lab.device) on one GPU: the sweep up to 8192 within its time budget
+PROFILES["device"] = {"sizes": [1024, 2048, 4096, 8192], "repeats": 3, "memory_dim": 2727}
 
 FLOPS: dict[str, Callable[[int], float]] = {
     "matmul": lambda n: 2.0 * n**3,

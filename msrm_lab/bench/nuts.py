@@ -41,6 +41,10 @@ SIZES: dict[str, dict[str, Any]] = {
                  max_tree_depth=5, repeats=3, vectorized=True),
     "full": dict(profile="one-eighth", n_features=3600, n_runs=8, n_factors=3, num_warmup=15, num_samples=15,
                  max_tree_depth=5, repeats=3, vectorized=True),
+    # the device run (msrm_lab.device) on one GPU: the note's case with one and two vectorised chains; the native
+    # factorization only (the LAPACK callback is a CPU path)
+    "device": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=15, num_samples=15,
+                   max_tree_depth=5, repeats=3, vectorized=True, method="native", compare_methods=False),
 }
 FULL_CHAIN = (1000, 1200)  # warm-up, draws
 PHASES = ("initialisation", "compilation", "warmup", "sampling", "draw_conversion", "pointwise_loglik",
