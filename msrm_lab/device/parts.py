@@ -51,8 +51,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     "device": dict(linalg="device", gp="device", nuts="device",
                    state_space=dict(profile="one-eighth", n_features=3600, K=3, lengths=(1.0, 8.0), repeats=3),
                    budget_s=480.0,
-                   part_budget_s=dict(environment=20, cuda_tests=100, linalg=40, grouped=70, feature_sweep=50,
-                                      state_space=100, nuts=100)),
+                   part_budget_s=dict(environment=20, cuda_tests=150, linalg=30, grouped=60, feature_sweep=40,
+                                      state_space=90, nuts=90)),
 }
 
 # modules the parts import: the environment part checks them (name -> what needs it)
