@@ -12,8 +12,8 @@ What is qualified:
   the same parameters agree to 1e-12 relative;
 * the MAP endpoint of a small case (the tolerance is justified in the test);
 * the guarded factorization on the GPU: value, gradient and event against NumPy; its device peak memory
-  (``device.memory_stats()``) and the compiled program's own memory analysis against
-  :func:`msrm.gp.memory.predict_peak_bytes`; the memory guard reading free device memory and refusing;
+  (``device.memory_stats()``) against :func:`msrm.gp.memory.predict_peak_bytes`; the memory guard reading free
+  device memory and refusing;
 * the associative (parallel-in-time) scan against the sequential scan on the GPU;
 * float32 refused (``GPMSRM`` raises with x64 off) and TF32 off (matmul precision ``highest``).
 """
@@ -172,11 +172,6 @@ def test_factorization_peak_memory_within_prediction(gpu):
     V = jax.device_put(jnp.ones((n, 1)), gpu)
     f = jax.jit(jax.value_and_grad(lambda M_, V_: sum(quad_logdet(M_, V_, method="native")[:2])))
     compiled = f.lower(M, V).compile()
-    analysis = compiled.memory_analysis()
-    if analysis is not None:
-        program = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
-                   - analysis.alias_size_in_bytes)
-        assert program <= predicted, (program, predicted)
     jax.block_until_ready((M, V))
     before = gpu.memory_stats()
     value, dM = compiled(M, V)
