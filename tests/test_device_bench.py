@@ -1,7 +1,8 @@
 """The prepared device run (``python -m msrm_lab.device``), checked on the CPU.
 
 * the dry run (``--device cpu --profile smoke``) runs every part at tiny sizes and writes, per part, rows that
-  carry ``execution_info`` (float64 JAX on the CPU), plus a ``status.json`` marking every part done;
+  carry ``execution_info`` (float64 JAX on the CPU), plus a ``status.json`` marking every part done (``slow``:
+  ``make test-slow``; the other tests here run the driver on the cheap parts);
 * ``--device cuda`` without a visible GPU exits non-zero with one line on stderr, no traceback, nothing written;
 * a part that fails (injected through ``--fail``) is marked failed, its folder moves to ``<part>.failed/``, and
   the other parts still run and keep their rows; parts that cannot get their minimum time are marked not run;
@@ -43,6 +44,7 @@ def dry_run(tmp_path_factory):
     return proc, results
 
 
+@pytest.mark.slow  # it compiles every part's programs on the CPU, the associative scan and NUTS among them
 @pytest.mark.timeout(1600)
 def test_dry_run_writes_every_part(dry_run):
     proc, results = dry_run
@@ -101,6 +103,15 @@ def test_a_failed_part_leaves_the_others(tmp_path):
     proc = _run("--device", "cpu", "--profile", "smoke", "--results", str(tmp_path), "--parts", "environment")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (base / "environment" / "rows.jsonl").is_file() and not (base / "environment.failed").exists()
+
+
+def test_a_part_past_its_budget_is_stopped(tmp_path):
+    proc = _run("--device", "cpu", "--profile", "smoke", "--results", str(tmp_path), "--parts", "linalg",
+                "--budget-s", "12", env={"MSRM_DEVICE_FAIL": "linalg:hang"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    part = _status(tmp_path)["parts"][0]
+    assert part["status"] == "failed" and "budget" in part["error"] and part["folder"] == "linalg.failed"
+    assert 12.0 <= part["wall_s"] < 40.0
 
 
 def test_parts_out_of_time_are_marked_not_run(tmp_path):

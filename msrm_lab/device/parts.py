@@ -33,7 +33,8 @@ import numpy as np
 
 __all__ = ["PARTS", "PROFILES", "PartFailed", "run_part", "FAIL_ENV"]
 
-# comma-separated part names that raise at their start (the failure path of the driver is tested with it)
+# comma-separated part names that raise at their start, or ``NAME:hang`` for one that never finishes (the
+# driver's failure and time-budget paths are tested with them)
 FAIL_ENV = "MSRM_DEVICE_FAIL"
 
 PARTS = ("environment", "cuda_tests", "linalg", "grouped", "feature_sweep", "state_space", "nuts")
@@ -67,6 +68,9 @@ class PartFailed(RuntimeError):
 
 def _injected(name: str) -> None:
     wanted = {p.strip() for p in os.environ.get(FAIL_ENV, "").split(",") if p.strip()}
+    if f"{name}:hang" in wanted:
+        while True:  # stopped by the driver at the part's budget
+            time.sleep(1.0)
     if name in wanted:
         raise PartFailed(f"failure injected through {FAIL_ENV}={os.environ[FAIL_ENV]!r}")
 
