@@ -124,3 +124,18 @@ def test_bad_input(study):
         fold_masks(msrm.Dataset([msrm.Run(run.duration, [short] + other)]), 2, "time_blocks")
     with pytest.raises(ValueError, match="msrm.Dataset"):
         cross_validate(run, truth.spec)
+
+
+def test_masks_hold_out_only_observed_values():
+    data, _ = data_synth.synthetic_dataset("tiny", n_features=8, seed=5, n_runs=2, missing_fraction=0.2)
+    for mask in ("time_blocks", "features"):
+        for fold in fold_masks(data, 3, mask):
+            for run, held in zip(data.runs, fold):
+                for key, h in held.items():
+                    s = run.stream(key)
+                    assert not (h & np.isnan(s.values)).any()
+                    assert h.any()
+        masked = _masked(data, fold_masks(data, 3, mask)[1])
+        assert masked.n_observed == data.n_observed - sum(int(h.sum()) for h in
+                                                          (m for held in fold_masks(data, 3, mask)[1]
+                                                           for m in held.values()))
