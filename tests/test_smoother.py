@@ -290,3 +290,45 @@ def test_bank_embedding_gives_the_approximate_models_exact_posterior(one_run):
         _close(pred[s.key].sd, np.sqrt(sig + params.noise_sd[s.key] ** 2), what=s.key)
     ze = exact.latent_posterior(params)[0]
     assert 0.0 < np.max(np.abs(z.mean - ze.mean)) < 1.0
+
+
+def test_one_smoother_pass_is_shared_only_at_the_same_parameters_and_data(one_run):
+    """latent_posterior and predict at the same parameters share a pass; other parameter values, or another model
+    with the same parameters, are smoothed afresh."""
+    from msrm.gp.state_space import smoother
+
+    data, spec, params, model = one_run
+    z1 = model.latent_posterior(params)[0]
+    assert smoother._LAST.runs is not None
+    first = smoother._LAST.runs
+    model.predict(params)
+    assert smoother._LAST.runs is first
+    ell = np.asarray(params.lengthscales) * 1.5
+    moved = msrm.Params(loadings=params.loadings, intercepts=params.intercepts, noise_sd=params.noise_sd,
+                        lengthscales=ell, response=params.response)
+    z2 = model.latent_posterior(moved)[0]
+    assert smoother._LAST.runs is not first
+    fresh = smoother.smooth_run(model._theta_of(moved), model.prepared.runs[0])
+    _close(z2.mean, fresh.grid_mean, 1e-12, "fresh pass")
+    assert np.max(np.abs(z2.mean - z1.mean)) > 1e-6
+    second = smoother._LAST.runs
+    other = msrm.GPMSRM(data, spec, linear_algebra="state_space", block=2)
+    other.latent_posterior(moved)
+    assert smoother._LAST.runs is not second
+
+
+def test_pipelined_recomputation_gives_the_same_posterior(one_run, monkeypatch):
+    """Recomputing chunk c - 1 on a second thread while the reverse pass runs over chunk c changes nothing."""
+    from msrm.gp.state_space import host
+
+    data, spec, params, _ = one_run
+    model = msrm.GPMSRM(data, spec, linear_algebra="state_space", checkpoint_every=2, block=2)
+    theta, run = model._theta_of(params), model.prepared.runs[0]
+    assert run.tables.n_chunks > 2
+    plain = smooth_run(theta, run)
+    monkeypatch.setattr(host, "PIPELINE_MIN_WORK", 0.0)
+    monkeypatch.setattr(msrm.runtime, "physical_cores", lambda: 2)
+    assert host.HostFilter(run.tables).pipeline_pays
+    piped = smooth_run(theta, run)
+    for name in ("grid_mean", "grid_cov", "node_mean", "node_cov"):
+        np.testing.assert_array_equal(getattr(piped, name), getattr(plain, name))

@@ -83,13 +83,13 @@ class StateSpaceBackend(Backend):
 
     def latent_posterior(self, theta, prepared, data, spec, cov: bool = False):
         """Per run the exact ``p(Z | Y, theta)`` on its grid by the RTS smoother of :mod:`.smoother` (the
-        approximate model's posterior under a filter-bank embedding)."""
+        approximate model's posterior under a filter-bank embedding). One smoother pass serves this and
+        :meth:`predict` at the same parameters (:func:`.smoother.smooth_runs`)."""
         from ...latent import LatentPosterior
-        from .smoother import smooth_run
+        from .smoother import smooth_runs
 
         out = []
-        for run in prepared.runs:
-            sm = smooth_run(theta, run, nodes=False, grid=True)
+        for run, sm in zip(prepared.runs, smooth_runs(theta, prepared)):
             sd = np.sqrt(np.maximum(np.diagonal(sm.grid_cov, axis1=1, axis2=2), 0.0))
             out.append(LatentPosterior(grid=run.gp.layout.grid, mean=sm.grid_mean, sd=sd,
                                        cov=sm.grid_cov if cov else None))
@@ -98,11 +98,10 @@ class StateSpaceBackend(Backend):
     def predict(self, theta, prepared, data, spec):
         """Per run, per stream key, the posterior predictive of every sample (missing ones included) from the
         smoothed node values of :mod:`.smoother`."""
-        from .smoother import smooth_run, stream_predictions
+        from .smoother import smooth_runs, stream_predictions
 
         out = []
-        for run, data_run in zip(prepared.runs, data.runs):
-            sm = smooth_run(theta, run, nodes=True, grid=False)
+        for run, data_run, sm in zip(prepared.runs, data.runs, smooth_runs(theta, prepared)):
             out.append(stream_predictions(theta, run.gp, data_run, sm.node_mean, sm.node_cov))
         return out
 

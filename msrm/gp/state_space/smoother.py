@@ -38,8 +38,9 @@ adjoints of its sufficient statistics: ``E[x_u | Y] = η̄_u`` and ``E[x_u x_u^T
   ``Cov[z_R] = P_{RR} + 2 P_{R,:} P̄ P_{:,R} - (P_{R,:} m̄)(P_{R,:} m̄)^T`` (``C K S^2`` per block).
 
 Cost and memory: the forward pass keeps the chunk-start states of the run's checkpointing
-(:func:`.prepare.auto_chunk`) and the reverse pass recomputes one chunk at a time, as the gradient does; the
-results are (J, K, K) and (nodes, K, K). Linear in the number of grid points in time and memory; nothing
+(:func:`.prepare.auto_chunk`) and the reverse pass recomputes one chunk at a time, as the gradient does (on a
+second thread, one chunk ahead, where :class:`.host.HostFilter` finds that it pays); the results are (J, K, K) and
+(nodes, K, K). Linear in the number of grid points in time and memory; nothing
 (J K)^2 is formed.
 
 **Embeddings.** With ``response_embedding="exact"`` the moments are exact. With a filter bank (``"rational"``,
@@ -51,17 +52,21 @@ values are the bank readouts the approximate density uses. Runs prepared for the
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import jax
 import numpy as np
 
+from ... import runtime
 from .filter import block_transition, qy, step_tables
 from .host import HostFilter, one_blas_thread
 from .prepare import RunTables, SSRun, StateSpaceOptions, prepare_run_tables
 from .sde import stationary_cov
 
-__all__ = ["RunSmooth", "filter_inputs", "sequential_run", "smooth_run", "node_moments", "grid_moments",
+__all__ = ["RunSmooth", "filter_inputs", "sequential_run", "smooth_run", "smooth_runs", "node_moments",
            "stream_predictions"]
 
 
@@ -158,20 +163,42 @@ def smooth_run(theta, run: SSRun, *, nodes: bool = True, grid: bool = True) -> R
     Lsb, eb = np.zeros_like(Ls), np.zeros_like(e)
     Tb, Qbb = np.zeros_like(T), np.zeros_like(Qb)
     mb, Pb = np.zeros(S), np.zeros((S, S))
+
+    def reverse_chunk(c, kept):
+        """The reverse pass over chunk c, one sub-step at a time; block b's grid values are read before its
+        first sub-step."""
+        for j in reversed(range(len(kept))):
+            i = c * t.chunk + j
+            k = kept[j]
+            step._reverse_chunk(i, [k], T, 1.0, Lsb, eb, Tb, Qbb, mb, Pb)
+            b = block_of_first.get(i)
+            if b is not None:
+                _grid_block(k["m"], k["P"], mb, Pb, hf._r(b), C, K, grid_mean[b * C:(b + 1) * C],
+                            grid_cov[b * C:(b + 1) * C])
+            kept[j] = None
+
+    args = (A, Ls, e, T, Qy)
+    # as in HostFilter.backward: with two cores and enough work per sub-step, chunk c - 1 is recomputed on a second
+    # thread while the reverse pass walks back through chunk c (BLAS and most NumPy loops release the GIL)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msrm-smooth") if (
+        t.n_chunks > 2 and hf.pipeline_pays and runtime.physical_cores() >= 2) else None
     with one_blas_thread():
         ll, _, sm, sP, last = hf.forward(A, Ls, e, T, Qb, m0, P0, keep_starts=True, keep_last=True)
-        for c in reversed(range(t.n_chunks)):
-            kept = last if c == t.n_chunks - 1 else hf._recompute(c, A, Ls, e, T, Qy, sm, sP)
-            for j in reversed(range(len(kept))):
-                i = c * t.chunk + j
-                k = kept[j]
-                step._reverse_chunk(i, [k], T, 1.0, Lsb, eb, Tb, Qbb, mb, Pb)
-                b = block_of_first.get(i)
-                if b is not None:
-                    r = hf._r(b)
-                    _grid_block(k["m"], k["P"], mb, Pb, r, C, K, grid_mean[b * C:(b + 1) * C],
-                                grid_cov[b * C:(b + 1) * C])
-                kept[j] = None
+        nxt = None
+        try:
+            for c in reversed(range(t.n_chunks)):
+                if c == t.n_chunks - 1:
+                    kept = last
+                elif pool is None:
+                    kept = hf._recompute(c, *args, sm, sP)
+                else:
+                    kept = nxt.result() if nxt is not None else hf._recompute(c, *args, sm, sP, hf._buffers())
+                if pool is not None and c > 0:
+                    nxt = pool.submit(hf._recompute, c - 1, *args, sm, sP, hf._buffers())
+                reverse_chunk(c, kept)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
     loglik = -0.5 * float(const) + float(ll)
     node_mean = node_cov = None
     if nodes:
@@ -179,6 +206,52 @@ def smooth_run(theta, run: SSRun, *, nodes: bool = True, grid: bool = True) -> R
     J = t.n_steps
     return RunSmooth(loglik, node_mean, node_cov, None if grid_mean is None else grid_mean[:J],
                      None if grid_cov is None else grid_cov[:J])
+
+
+class _LastSmooth:
+    """The smoothed runs of the last (prepared, theta) pair, so that ``latent_posterior`` and ``predict`` at the
+    same parameters share one smoother pass. The prepared data is held by a weak reference to one of its arrays
+    (the cache keeps nothing alive), theta by a digest of its values."""
+
+    def __init__(self):
+        self.ref, self.digest, self.runs = None, None, None
+
+    @staticmethod
+    def _digest(theta) -> bytes:
+        h = hashlib.blake2b(digest_size=32)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(theta)[0]:
+            a = np.asarray(leaf, dtype=np.float64)
+            h.update(repr((jax.tree_util.keystr(path), a.shape)).encode())
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.digest()
+
+    def get(self, theta, prepared):
+        leaves = jax.tree_util.tree_leaves(prepared)
+        digest = self._digest(theta)
+        if self.ref is not None and leaves and self.ref() is leaves[0] and self.digest == digest:
+            return self.runs, digest
+        return None, digest
+
+    def put(self, prepared, digest, runs):
+        leaves = jax.tree_util.tree_leaves(prepared)
+        try:
+            self.ref = weakref.ref(leaves[0]) if leaves else None
+        except TypeError:  # a leaf type without weak references: no caching
+            self.ref = None
+        self.digest, self.runs = digest, runs
+
+
+_LAST = _LastSmooth()
+
+
+def smooth_runs(theta, prepared) -> list[RunSmooth]:
+    """:func:`smooth_run` of every run of a prepared dataset, nodes and grid, reusing the result of the previous
+    call when it was made with the same prepared data and the same parameter values."""
+    runs, digest = _LAST.get(theta, prepared)
+    if runs is None:
+        runs = [smooth_run(theta, run, nodes=True, grid=True) for run in prepared.runs]
+        _LAST.put(prepared, digest, runs)
+    return runs
 
 
 def _grid_block(m, P, mb, Pb, r, C, K, out_mean, out_cov):
@@ -237,9 +310,14 @@ def stream_predictions(theta, gp, run, node_mean: np.ndarray, node_cov: np.ndarr
         b = np.asarray(theta["intercepts"][sl.key], dtype=np.float64)
         sd = np.asarray(theta["noise_sd"][sl.key], dtype=np.float64)
         u = sl.sample_nodes
-        mean = b[None, :] + node_mean[u] @ W.T
+        mean = node_mean[u] @ W.T
+        mean += b[None, :]
         WW = (W[:, :, None] * W[:, None, :]).reshape(W.shape[0], K * K)
-        sig = np.maximum(node_cov[u].reshape(u.size, K * K) @ WW.T, 0.0)
-        out[sl.key] = Prediction(mean=mean, sd=np.sqrt(sig + sd[None, :] ** 2), signal_sd=np.sqrt(sig),
-                                 times=stream.times)
+        sig = node_cov[u].reshape(u.size, K * K) @ WW.T  # (n_s, F) signal variances
+        np.maximum(sig, 0.0, out=sig)
+        total = sig + (sd * sd)[None, :]
+        np.sqrt(total, out=total)
+        np.sqrt(sig, out=sig)
+        out[sl.key] = Prediction(mean=mean, sd=total, signal_sd=sig, times=stream.times)
+        del mean, total, sig
     return out
