@@ -1,10 +1,11 @@
 """Workarounds for jaxlib's CPU runtime, each gated on the jaxlib versions it applies to.
 
 ``jaxlib.version.__version__`` is parsed once, at import, into :data:`JAXLIB_VERSION`. Each workaround has a
-flag that is true when the installed jaxlib lies in the range where the problem occurs. The problems were
-observed with jaxlib 0.10.x, the versions ``pyproject.toml`` admits; no release with a fix is known, so the
-ranges are open above and a later jaxlib keeps the workaround until it has been checked (narrow the range by
-setting the first fixed version in :data:`AFFECTED`).
+flag that is true when the installed jaxlib lies in the range where the problem occurs: :data:`AFFECTED` holds,
+per workaround, the first affected version and the first version on which the problem was checked and found
+gone (None while no such version is known: the range is then open above, and a newer jaxlib keeps the
+workaround until it has been checked). ``tools/probe_jaxlib.py`` runs one small program per problem in a
+subprocess under a time limit (a stall never returns) and is how a new jaxlib is checked.
 
 1. **Batched CPU LAPACK kernels can leave every thread of XLA's CPU pool waiting**
    (:data:`BATCHED_CPU_LAPACK_CAN_DEADLOCK`). On XLA:CPU a batched LAPACK kernel (Cholesky, LU, triangular
@@ -12,17 +13,23 @@ setting the first fixed version in :data:`AFFECTED`).
    and waits for the pieces. When as many such kernels run at once as the pool has threads (two host devices
    on two cores, or independent branches of one program), every thread waits for work only a waiting thread
    could do, and the program never finishes. Workaround: :func:`per_item_on_cpu` runs a batch one item at a
-   time on the CPU, so that every LAPACK call inside is unbatched. (:func:`msrm.gp.linalg.small_cholesky`,
-   used for the K x K node factors, makes no LAPACK call at all for small K; it is not gated, since it is
-   also cheaper than a LAPACK call per node.)
+   time on the CPU, so that every LAPACK call inside is unbatched. Checked with the probe
+   ``state_space_parallel`` (the parallel-in-time filter with every solve batched): it stalls on jaxlib 0.10.2
+   and finishes on jaxlib 0.12.0.1; 0.11 was not checked, so the range ends at 0.12.0.
+   (:func:`msrm.gp.linalg.small_cholesky`, used for the K x K node factors, makes no LAPACK call at all for
+   small K; it is not gated, since it is also cheaper than a LAPACK call per node.)
 2. **The LAPACK host callback needs two CPUs** (:data:`CALLBACK_NEEDS_TWO_CPUS`). With one usable CPU
    XLA's intra-op pool has a single worker, and a ``jax.pure_callback``, which runs on it, can wait forever
    for its own operands. Workaround: ``method="auto"`` resolves to the native path on one CPU
-   (:func:`msrm.gp.linalg.resolve_method`).
+   (:func:`msrm.gp.linalg.resolve_method`). The probe ``callback_one_cpu`` (value and gradient of the callback
+   under ``taskset -c 0``) finished on both jaxlib 0.10.2 and 0.12.0.1: it does not reproduce the stall, so it
+   cannot show a fix, and the range stays open.
 3. **The LAPACK host callback across several host devices** (:data:`CALLBACK_ACROSS_DEVICES_CAN_DEADLOCK`).
    With runs sharded over two host devices, both device threads can wait inside the callback while their
    arguments are being transferred. Workaround: on a mesh the factorization is the native one
-   (:func:`msrm.gp.multirun.mesh_method`).
+   (:func:`msrm.gp.multirun.mesh_method`). The probe ``callback_across_devices`` (the callback inside
+   ``jax.shard_map`` on two host devices) finished on both jaxlib 0.10.2 and 0.12.0.1, so as for 2 the range
+   stays open.
 """
 from __future__ import annotations
 
@@ -57,7 +64,7 @@ JAXLIB_VERSION: tuple[int, int, int] = parse_version(jaxlib.version.__version__)
 
 #: Per workaround: (first affected version, first fixed version or None when no fix is known).
 AFFECTED: dict[str, tuple[tuple[int, int, int], tuple[int, int, int] | None]] = {
-    "batched_cpu_lapack": ((0, 10, 0), None),
+    "batched_cpu_lapack": ((0, 10, 0), (0, 12, 0)),
     "callback_one_cpu": ((0, 10, 0), None),
     "callback_across_devices": ((0, 10, 0), None),
 }
@@ -86,16 +93,16 @@ def per_item_on_cpu(fn, *args, batch_ndim: int = 1, batched: bool = True):
     """
     if batch_ndim == 0:
         return fn(*args)
+    leaves = jax.tree_util.tree_leaves(args)
+    batch = leaves[0].shape[:batch_ndim]
+    if any(x.shape[:batch_ndim] != batch for x in leaves):  # checked on every path, before any numerics
+        raise ValueError(f"per_item_on_cpu: every argument needs the batch shape {batch}")
     if jax.default_backend() != "cpu" or not BATCHED_CPU_LAPACK_CAN_DEADLOCK:
         if batched:
             return fn(*args)
         for _ in range(batch_ndim):
             fn = jax.vmap(fn)
         return fn(*args)
-    leaves = jax.tree_util.tree_leaves(args)
-    batch = leaves[0].shape[:batch_ndim]
-    if any(x.shape[:batch_ndim] != batch for x in leaves):
-        raise ValueError(f"per_item_on_cpu: every argument needs the batch shape {batch}")
     size = int(np.prod(batch)) if batch else 1
     flat = jax.tree_util.tree_map(lambda x: x.reshape((size,) + x.shape[batch_ndim:]), args)
     out = lax.map(lambda a: fn(*a), flat)
