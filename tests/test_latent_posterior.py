@@ -1,7 +1,7 @@
 """The latent posterior and posterior predictions of the dense and grouped backends against the brute-force
 oracle (tests/latent_oracle.py: the dense joint Gaussian of vec Z and the observed values of one run).
 
-Cases are tiny (two runs of 36-42 s, 1.5 s grid, K = 2) with about 20% of the values missing: random values, some
+Cases are tiny (one or two runs of 36-42 s, 1.5 s grid, K = 2) with about 20% of the values missing: random values, some
 samples entirely missing, one stream offset from the others' clock. Every kernel of ``msrm.kernels.KERNELS`` and
 every response of ``msrm.responses.RESPONSES`` (each built from its class with its default bounds) is covered, under
 both poolings.
@@ -29,7 +29,7 @@ STREAMS = (("p1", "brain", 2.0, 0.0, 3), ("p2", "brain", 2.0, 0.0, 3), ("p3", "r
 
 def make_case(kernel: str, pooling: str, responses: dict, seed: int = 0, K: int = 2, durations=(36.0, 42.0),
               missing: float = 0.2):
-    """A tiny two-run dataset drawn from the model, its spec and the parameters it was drawn with.
+    """A tiny dataset (one run per duration) drawn from the model, its spec and the parameters it was drawn with.
 
     About ``missing`` of the values are NaN, plus two samples of every stream entirely NaN; every feature keeps at
     least one observed value."""
@@ -43,7 +43,8 @@ def make_case(kernel: str, pooling: str, responses: dict, seed: int = 0, K: int 
     theta = {}
     for g in groups:
         if g.param_key is not None:
-            theta[g.param_key] = {n: lo + rng.uniform(0.25, 0.6) * (hi - lo) for n, (lo, hi) in g.response.bounds.items()}
+            theta[g.param_key] = {n: lo + rng.uniform(0.25, 0.6) * (hi - lo)
+                                  for n, (lo, hi) in g.response.bounds.items()}
     keys = [f"{p}/{m}" for p, m, *_ in STREAMS]
     params = msrm.Params(
         loadings={k: rng.normal(0.0, 0.8, (F, K)) for k, (*_, F) in zip(keys, STREAMS)},
@@ -62,7 +63,8 @@ def make_case(kernel: str, pooling: str, responses: dict, seed: int = 0, K: int 
             n = int(np.floor((T - off) / dt + 1e-9)) + 1
             s0 = msrm.Stream(participant=p, modality=m, dt=dt, offset=off, values=np.zeros((n, F)))
             A = stream_rows(s0, by_key.get(key, by_key.get(m)), params, grid)
-            Y = params.intercepts[key] + (A @ Z) @ params.loadings[key].T + params.noise_sd[key] * rng.standard_normal((n, F))
+            Y = (params.intercepts[key] + (A @ Z) @ params.loadings[key].T
+                 + params.noise_sd[key] * rng.standard_normal((n, F)))
             drop = rng.random((n, F)) < missing
             full = rng.choice(n, 2, replace=False)
             drop[full] = True  # two samples entirely missing
@@ -224,6 +226,25 @@ def test_cov_off_and_one_trace_per_run_across_parameter_draws():
             _close(per[key].mean, mean, f"second draw {key} mean")
             _close(per[key].sd, sd, f"second draw {key} sd")
     assert not np.allclose(got[0].mean, a[0].mean)
+
+
+def test_the_cached_tables_go_with_the_model():
+    import gc
+
+    from msrm.gp import conditional
+
+    data, spec, params, ref, _, _ = case(1)
+    n0 = len(conditional.TABLES)
+    for batch_runs in (False, True):  # a per-run Prepared and a stack of runs
+        model = msrm.GPMSRM(data, spec, "grouped", batch_runs=batch_runs)
+        if not batch_runs:  # evaluated once, so the entry holds a compiled graph too
+            _close(model.latent_posterior(params)[0].mean, ref[0][1], "fresh model mean")
+        else:
+            conditional.run_tables(model.prepared, data, spec, grouped=True)
+        assert len(conditional.TABLES) == n0 + 1
+        del model
+        gc.collect()
+        assert len(conditional.TABLES) == n0
 
 
 # ------------------------------------------------------------------------------------------ bad input

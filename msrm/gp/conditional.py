@@ -43,15 +43,15 @@ predictive is ``b + W E[x_q]`` with variance ``diag(W Cov[x_q] W^T) + sigma^2`` 
 comparable with ``n``), the contraction ``G B^T`` (``n J K n_q``, ``n_q`` about the grouped node count) and the
 K x K blocks (``n (J + n_q) K^2``). Memory: ``M``, ``G`` and ``H``, (n, n), (n, J K) and (n, n_q K) float64.
 
-**Compilation and reuse.** :data:`run_posterior` (the jitted :func:`posterior_arrays`) computes the grid
-posterior and the predictions of one run in one graph. Its arguments are a per-run
-:class:`~msrm.gp.prepare.RunPrepared` and a :class:`PredictQuery`, both carrying their static layout in the
-pytree structure (leafless nodes compared by identity), so calls with the same run objects and a parameter pytree
-of the same structure reuse the compiled graph: calling once per posterior draw traces once per run
-(:data:`TRACE_COUNT` counts the traces). :func:`run_tables` builds, and caches weakly keyed on the model's
-prepared object, the per-run prepared runs and prediction points a model's calls reuse, together with the result
-of the last evaluation keyed on the bytes of the parameter values: ``latent_posterior(params)`` followed by
-``predict(params)`` evaluates once.
+**Compilation and reuse.** :func:`posterior_arrays` computes the grid posterior and the predictions of one run
+in one graph. Its arguments are a per-run :class:`~msrm.gp.prepare.RunPrepared` and a :class:`PredictQuery`, both
+carrying their static layout in the pytree structure (leafless nodes compared by identity), so a jitted copy
+called with the same run objects and a parameter pytree of the same structure reuses the compiled graph: calling
+once per posterior draw traces once per run (:data:`TRACE_COUNT` counts the traces). :func:`run_tables` builds,
+and caches weakly keyed on the model's prepared object, what a model's calls reuse: the per-run prepared runs,
+the prediction points, the model's jitted copy of :func:`posterior_arrays` and the result of the last evaluation
+keyed on the bytes of the parameter values (``latent_posterior(params)`` followed by ``predict(params)``
+evaluates once).
 
 **Guard.** ``M`` has eigenvalues ``>= 1``; it is factorised by :func:`msrm.gp.linalg.native_factor` (Cholesky,
 then the jitter ladder, then the eigenvalue fallback) and the event code of each run is returned with the result
@@ -77,6 +77,7 @@ from .prepare import Prepared, RunPrepared, prepare
 
 __all__ = [
     "TRACE_COUNT",
+    "TABLES",
     "NodeSystem",
     "node_system",
     "query_moments",
@@ -87,7 +88,6 @@ __all__ = [
     "solve_cross",
     "moments",
     "posterior_arrays",
-    "run_posterior",
     "RunTables",
     "run_tables",
     "evaluate",
@@ -268,9 +268,6 @@ def posterior_arrays(theta, run: RunPrepared, query: PredictQuery) -> dict:
     return out
 
 
-run_posterior = jax.jit(posterior_arrays)
-
-
 # ------------------------------------------------------------------------------------------ model tables
 
 
@@ -278,33 +275,47 @@ run_posterior = jax.jit(posterior_arrays)
 class RunTables:
     """What a model's latent-posterior and prediction calls reuse.
 
-    Fields: runs (per-run :class:`~msrm.gp.prepare.RunPrepared`); queries (their :class:`PredictQuery`); data and
-    spec they were built from; last (``(key, results)`` of the last :func:`evaluate`, or None).
+    Fields:
+        own_runs: per-run :class:`~msrm.gp.prepare.RunPrepared` prepared here, or None when the model's prepared
+            object is itself per run (then its runs are used, passed in at each call).
+        queries: the :class:`PredictQuery` of each run.
+        data, spec: what they were built from.
+        fn: this model's jitted :func:`posterior_arrays` (compiled once per run, released with the entry).
+        anchor: weak reference to the object the entry is filed under (see :data:`TABLES`).
+        last: ``(key, results)`` of the last :func:`evaluate`, or None.
     """
 
-    runs: tuple
+    own_runs: tuple | None
     queries: tuple
     data: object
     spec: object
+    fn: object
+    anchor: object
     last: tuple | None = None
 
+    def runs(self, prepared) -> tuple:
+        return prepared.runs if self.own_runs is None else self.own_runs
 
-# Keyed weakly on the model's prepared object (or, for a per-run Prepared, a tuple that cannot be weakly
-# referenced, on its first run's layout): the entry goes with the model. No value refers to its key.
-_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+# The model tables (RunTables) by id of an anchor that lives exactly as long as the model's prepared object: a
+# MultiRunPrepared itself; for a per-run Prepared (a tuple, which cannot be weakly referenced) the first data array
+# of its first run. A weakref.finalize on the anchor removes the entry when the anchor dies (arrays are not
+# hashable, so a WeakKeyDictionary cannot hold them). No entry refers to its anchor (a per-run Prepared's runs are
+# not kept: the compiled graphs hold their layouts, not their data arrays), so an entry goes with its model.
+TABLES: dict = {}
 
 
 def _anchor(prepared):
     if isinstance(prepared, Prepared):
-        if not prepared.runs:
-            raise ValueError("prepared: a dataset with no run has no latent posterior")
-        return prepared.runs[0].layout
+        if not prepared.runs or not prepared.runs[0].streams:
+            raise ValueError("prepared: a dataset with no run or no stream has no latent posterior")
+        return prepared.runs[0].streams[0].Y0
     return prepared
 
 
 def run_tables(prepared, data, spec, *, grouped: bool) -> RunTables:
-    """The per-run prepared runs and prediction points for a model's ``prepared``, ``data`` and ``spec``
-    (cached with ``prepared``; rebuilt when called with other data or another spec).
+    """The per-run prepared runs, prediction points and jitted function for a model's ``prepared``, ``data``
+    and ``spec`` (cached with ``prepared``; rebuilt when called with other data or another spec).
 
     A per-run :class:`~msrm.gp.prepare.Prepared` is used as it is; any other form (a stack of runs,
     :class:`~msrm.gp.likelihood.MultiRunPrepared`) is prepared again per run from ``data`` and ``spec``
@@ -313,14 +324,16 @@ def run_tables(prepared, data, spec, *, grouped: bool) -> RunTables:
     Raises:
         ValueError: ``data`` does not have the runs, streams and grids ``prepared`` was built from.
     """
-    key = _anchor(prepared)
-    hit = _TABLES.get(key)
-    if hit is not None and hit.data is data and hit.spec is spec:
+    anchor = _anchor(prepared)
+    hit = TABLES.get(id(anchor))
+    if hit is not None and hit.anchor() is anchor and hit.data is data and hit.spec is spec:
         return hit
-    if len(prepared.runs if isinstance(prepared, Prepared) else data.runs) != len(data.runs):
+    per_run = isinstance(prepared, Prepared)
+    if per_run and len(prepared.runs) != len(data.runs):
         raise ValueError(f"data: {len(data.runs)} runs, but the model was prepared with {len(prepared.runs)}")
-    runs = prepared.runs if isinstance(prepared, Prepared) else prepare(data, spec, grouped=grouped,
-                                                                         method="native").runs
+    if not per_run and len(data.runs) != prepared.n_runs:
+        raise ValueError(f"data: {len(data.runs)} runs, but the model was prepared with {prepared.n_runs}")
+    runs = prepared.runs if per_run else prepare(data, spec, grouped=grouped, method="native").runs
     for r, (run, prun) in enumerate(zip(data.runs, runs)):
         have = sorted(s.key for s in run.streams)
         want = sorted(sl.key for sl in prun.layout.streams)
@@ -328,8 +341,12 @@ def run_tables(prepared, data, spec, *, grouped: bool) -> RunTables:
             raise ValueError(f"data: run {r} has streams {have}, the prepared run has {want}")
     groups = response_groups(data, spec)
     qs = tuple(predict_query(run, spec, groups, prun.layout.grid) for run, prun in zip(data.runs, runs))
-    hit = RunTables(tuple(runs), qs, data, spec)
-    _TABLES[key] = hit
+    # a function object of this entry's own, so that JAX's caches keyed on it go with the entry
+    fn = jax.jit(lambda theta, run, query: posterior_arrays(theta, run, query))
+    hit = RunTables(None if per_run else tuple(runs), qs, data, spec, fn, weakref.ref(anchor))
+    if id(anchor) not in TABLES:
+        weakref.finalize(anchor, TABLES.pop, id(anchor), None)
+    TABLES[id(anchor)] = hit
     return hit
 
 
@@ -338,17 +355,19 @@ def _theta_key(theta) -> tuple:
     return (str(treedef),) + tuple(np.asarray(x, dtype=np.float64).tobytes() for x in leaves)
 
 
-def evaluate(tables: RunTables, theta) -> list[dict]:
-    """Host results of :data:`run_posterior` for every run (NumPy), after :func:`check_theta`.
+def evaluate(tables: RunTables, prepared, theta) -> list[dict]:
+    """Host results (NumPy) of :func:`posterior_arrays` for every run of the model's ``prepared``, after
+    :func:`check_theta`.
 
     The last result is kept with ``tables``, keyed on the parameter values' bytes, so asking for the latent
     posterior and then the predictions at the same parameters evaluates once.
     """
-    check_theta(theta, tables.runs)
+    runs = tables.runs(prepared)
+    check_theta(theta, runs)
     key = _theta_key(theta)
     if tables.last is not None and tables.last[0] == key:
         return tables.last[1]
-    out = [jax.device_get(run_posterior(theta, run, query)) for run, query in zip(tables.runs, tables.queries)]
+    out = [jax.device_get(tables.fn(theta, run, query)) for run, query in zip(runs, tables.queries)]
     tables.last = (key, out)
     return out
 

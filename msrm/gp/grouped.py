@@ -105,7 +105,8 @@ class GroupedBackend(Backend):
         """Per run, the exact ``p(Z | Y, theta)`` on its grid (:func:`msrm.gp.conditional.posterior_arrays`)."""
         tables = conditional.run_tables(prepared, data, spec, grouped=self.grouped)
         out = []
-        for r, (run, res) in enumerate(zip(tables.runs, conditional.evaluate(tables, theta))):
+        results = conditional.evaluate(tables, prepared, theta)
+        for r, (run, res) in enumerate(zip(tables.runs(prepared), results)):
             _warn_event(res["event"], r, "latent posterior")
             out.append(LatentPosterior(grid=run.layout.grid, mean=res["mean"], sd=res["sd"],
                                        cov=res["cov"] if cov else None))
@@ -115,7 +116,8 @@ class GroupedBackend(Backend):
         """Per run, per stream key, the predictive of every sample (:func:`msrm.gp.conditional.posterior_arrays`)."""
         tables = conditional.run_tables(prepared, data, spec, grouped=self.grouped)
         out = []
-        for r, (query, res) in enumerate(zip(tables.queries, conditional.evaluate(tables, theta))):
+        results = conditional.evaluate(tables, prepared, theta)
+        for r, (query, res) in enumerate(zip(tables.queries, results)):
             _warn_event(res["event"], r, "predictions")
             out.append({key: Prediction(mean=m, sd=sd, signal_sd=ssd, times=query.times[key])
                         for key, (m, sd, ssd) in sorted(res["streams"].items())})
