@@ -332,3 +332,12 @@ def test_pipelined_recomputation_gives_the_same_posterior(one_run, monkeypatch):
     piped = smooth_run(theta, run)
     for name in ("grid_mean", "grid_cov", "node_mean", "node_cov"):
         np.testing.assert_array_equal(getattr(piped, name), getattr(plain, name))
+
+
+def test_associative_scan_tables_are_converted_once(one_run):
+    from msrm.gp.state_space.smoother import sequential_run
+
+    data, spec, params, _ = one_run
+    run = msrm.GPMSRM(data, spec, linear_algebra="state_space", parallel=True).prepared.runs[0]
+    a, b = sequential_run(run), sequential_run(run)
+    assert a.tables is b.tables and not a.tables.parallel and a.gp is run.gp

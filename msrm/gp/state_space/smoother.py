@@ -95,9 +95,16 @@ def sequential_run(run: SSRun) -> SSRun:
     t = run.tables
     if not t.parallel:
         return run
-    options = StateSpaceOptions(method="callback", response_embedding=t.embedding,
-                                n_states=t.n_bank if t.embedding != "exact" else None, parallel=False)
-    return SSRun(run.gp, prepare_run_tables(run.gp, options, "callback"))
+    seq = _SEQUENTIAL.get(t)
+    if seq is None:  # built once per prepared run (the jitted filter inputs then compile once for it)
+        options = StateSpaceOptions(method="callback", response_embedding=t.embedding,
+                                    n_states=t.n_bank if t.embedding != "exact" else None, parallel=False)
+        seq = _SEQUENTIAL[t] = prepare_run_tables(run.gp, options, "callback")
+    return SSRun(run.gp, seq)
+
+
+#: sequential tables of runs prepared for the associative scan, by their tables (weakly: gone with them)
+_SEQUENTIAL: "weakref.WeakKeyDictionary[RunTables, RunTables]" = weakref.WeakKeyDictionary()
 
 
 def _filter_inputs(theta, run):
