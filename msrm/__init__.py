@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from . import kernels, responses, runtime
+from .align import Alignment, align  # the function shadows the submodule
 from .data import Dataset, Run, Stream
 from .latent import LatentPosterior, Prediction
 from .nodes import count_nodes, prepare_nodes, response_groups
@@ -16,6 +17,7 @@ from .operators import response_weights, response_weights_csr
 from .params import Params
 from .responses import GaussianLag, GaussianWidthLag, Identity
 from .spec import ModelSpec, latent_grid
+from .validation import CVResult, cross_validate
 
 __version__ = "0.1.0"
 
@@ -23,7 +25,7 @@ __all__ = [
     "Stream", "Run", "Dataset", "ModelSpec", "Identity", "GaussianLag", "GaussianWidthLag", "latent_grid",
     "Params", "GPMSRM", "fit_rmsrm", "load_rfit", "RFit", "diagnostics", "runtime", "parallel",
     "response_weights", "response_weights_csr", "prepare_nodes", "response_groups", "count_nodes", "kernels",
-    "responses", "LatentPosterior", "Prediction", "HRF", "align", "Alignment", "cross_validate", "plot",
+    "responses", "LatentPosterior", "Prediction", "HRF", "align", "Alignment", "cross_validate", "CVResult", "plot",
 ]
 
 # Resolved on first access so that `import msrm` never imports JAX (R-MSRM is NumPy/SciPy only).
@@ -35,9 +37,6 @@ _LAZY = {
     "diagnostics": ("msrm.diagnostics", None),
     "parallel": ("msrm.parallel", None),
     "HRF": ("msrm.responses", "HRF"),
-    "align": ("msrm.align", "align"),
-    "Alignment": ("msrm.align", "Alignment"),
-    "cross_validate": ("msrm.validation", "cross_validate"),
     "plot": ("msrm.plot", None),  # imports matplotlib only inside its functions
 }
 
