@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Chains", "sample_chains", "merge_chains", "chain_records"]
+__all__ = ["Chains", "sample_chains", "merge_chains", "chain_records", "align_merged", "ChainAlignmentError"]
 
 
 @dataclass
@@ -124,6 +124,7 @@ def sample_chains(
     archive_dir: str | Path | None = None,
     devices: Sequence[int] | None = None,
     progress: bool = False,
+    align_factors: bool = True,
     **sample_kwargs,
 ) -> Chains:
     """Run ``num_chains`` independent NUTS chains, one per task, and merge them.
@@ -140,6 +141,10 @@ def sample_chains(
             by the worker (on a cluster the folder must be shared).
         devices: indices into ``jax.devices()``; chain ``i`` runs on ``devices[i % len(devices)]``.
         progress: a bar over chains (NumPyro's own bars stay off unless ``sample_kwargs`` asks for them).
+        align_factors: map every chain's factors onto chain 0's (sign and order, :func:`align_merged`) before
+            the merged draws are returned (for models with loadings blocks: GP-MSRM); the transform is recorded in the groups' ``factor_alignment``
+            attribute. A chain that cannot be matched unambiguously raises :class:`ChainAlignmentError`, which
+            carries the unmerged chains.
         **sample_kwargs: passed to :func:`msrm.gp.posterior.sample` (``num_warmup``, ``num_samples``, ``init``,
             ``max_tree_depth``, ...); ``num_chains``, ``seed``, ``archive``, ``checkpoint`` and
             ``chain_method`` are set per chain and may not be given.
@@ -148,6 +153,7 @@ def sample_chains(
     Raises:
         ValueError: bad arguments (named), before any chain starts.
         RuntimeError: every chain failed (the message lists each seed and the last line of its error).
+        ChainAlignmentError: the chains' factors could not be matched (``align_factors``).
     """
     from ..parallel import BACKENDS, resolve_n_jobs, run_tasks
     from ..runtime import physical_cores
@@ -195,9 +201,66 @@ def sample_chains(
                           for f in failures)
         raise RuntimeError(f"sample_chains: every chain failed: {lines}")
     records = [{k: v for k, v in d.items() if k != "inference_data"} for d in done]
-    merged = merge_chains([d["inference_data"] for d in done], seeds=[d["seed"] for d in done], records=records,
-                          failures=failures)
+    idatas = [d["inference_data"] for d in done]
+    merged = merge_chains(idatas, seeds=[d["seed"] for d in done], records=records, failures=failures)
+    if align_factors and len(done) > 1:
+        model = _build(build_model, None)
+        if any(getattr(b, "field", None) == "loadings" for b in getattr(model, "blocks", ())):
+            try:
+                merged = align_merged(model, merged)
+            except ValueError as exc:
+                raise ChainAlignmentError(str(exc), idatas) from exc
     return Chains(inference_data=merged, seeds=seeds, records=records, failures=failures, wall_s=wall)
+
+
+class ChainAlignmentError(ValueError):
+    """The chains' factors could not be matched unambiguously; nothing was merged.
+
+    ``inference_data`` holds each finished chain's own InferenceData, unmerged, so no draw is lost.
+    """
+
+    def __init__(self, message: str, inference_data: list):
+        super().__init__(f"sample_chains: not merging chains whose factors differ in sign or order ambiguously "
+                         f"({message}); the chains are in this error's inference_data")
+        self.inference_data = inference_data
+
+
+def align_merged(model, merged):
+    """Merged chains with every chain's factors mapped onto chain 0's by a signed permutation.
+
+    GP-MSRM identifies factors only up to sign and order, so independent chains can sit in different but
+    equivalent modes; pooling them unaligned would average flipped factors. The matching and the transform are
+    :func:`msrm.gp.align_chains.align_chain_draws` (loadings columns permuted and sign-flipped, lengthscales
+    permuted). The ``posterior`` group is recomputed from the aligned unconstrained draws; ``sample_stats``,
+    ``log_likelihood`` (invariant to the transform) and ``observed_data`` are kept. Every group's attributes gain
+    ``factor_alignment`` (JSON: reference chain, per chain the permutation, signs and matching margin).
+
+    Raises:
+        ValueError: a chain's match is ambiguous (from ``align_chain_draws``).
+    """
+    from .align_chains import align_chain_draws
+    from .idata import build_inference_data, from_groups, group_dataset, group_names, json_attrs
+
+    groups = {g: group_dataset(merged, g) for g in group_names(merged)}
+    u = groups["unconstrained_posterior"]["u"].values
+    result = align_chain_draws(model, u)
+    record = json_attrs({"factor_alignment": {
+        "reference": result.reference, "permutations": result.permutations.tolist(),
+        "signs": result.signs.astype(int).tolist(),
+        "margins": [None if not np.isfinite(m) else float(m) for m in result.margins]}})
+    identity = all((p == np.arange(p.size)).all() for p in result.permutations) and (result.signs > 0).all()
+    if not identity:
+        groups["unconstrained_posterior"] = groups["unconstrained_posterior"].copy(
+            data={"u": result.draws})
+        post = group_dataset(build_inference_data(model, result.draws), "posterior")
+        post.attrs = dict(groups["posterior"].attrs)
+        groups["posterior"] = post
+    out = {}
+    for g, ds in groups.items():
+        ds = ds.copy()
+        ds.attrs = {**ds.attrs, **record}
+        out[g] = ds
+    return from_groups(out)
 
 
 def _decoded(value):
