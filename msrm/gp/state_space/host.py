@@ -119,7 +119,7 @@ class HostFilter:
             self.Mc, self.Vc = bb["Mc"], bb["Vc"]
 
     # ------------------------------------------------------------------ pieces
-    def _r(self, b):
+    def ring_row(self, b):
         """First state row of block b's ring slots."""
         return int(b % self.nblk) * self.C * self.K
 
@@ -161,7 +161,7 @@ class HostFilter:
 
     def _bank_rows(self, b, X):
         """Rows of X (S, r): bank <- Mc bank + Vc block(b) (in place)."""
-        K, n, C, b0, rb = self.K, self.n, self.C, self.b0, self._r(b)
+        K, n, C, b0, rb = self.K, self.n, self.C, self.b0, self.ring_row(b)
         r = X.shape[1]
         Xb = X[b0 : b0 + n * K].reshape(n, K * r)
         Xr = X[rb : rb + C * K].reshape(C, K * r)
@@ -169,13 +169,13 @@ class HostFilter:
 
     def _bank_rows_transpose(self, b, X):
         """Eᵀ X for the bank move E (rows of X (S, r), in place)."""
-        K, n, C, b0, rb = self.K, self.n, self.C, self.b0, self._r(b)
+        K, n, C, b0, rb = self.K, self.n, self.C, self.b0, self.ring_row(b)
         r = X.shape[1]
         Xb = X[b0 : b0 + n * K].reshape(n, K * r).copy()
         X[rb : rb + C * K] += (self.Vc.T @ Xb).reshape(C * K, r)
         X[b0 : b0 + n * K] = (self.Mc.T @ Xb).reshape(n * K, r)
 
-    def _predict(self, m, P, b, T, Qy):
+    def predict_step(self, m, P, b, T, Qy):
         """Block b -> b + 1 in place: the bank move, then the SDE write (rows, columns, noise)."""
         K, C, d, S, s0 = self.K, self.C, self.d, self.S, self.s0
         Y = C + d
@@ -184,7 +184,7 @@ class HostFilter:
             self._bank_rows(b, P.T)  # the columns (P.T is a view)
             mb = m[:, None]
             self._bank_rows(b, mb)
-        r1 = self._r(b + 1)
+        r1 = self.ring_row(b + 1)
         rows = [slice(r1, r1 + C * K), slice(s0, s0 + d * K)]  # y in the state: the new ring slots, the SDE state
         ys = [slice(0, C * K), slice(C * K, Y * K)]  # the same in y's own order
         R = np.einsum("kyi,iks->yks", T, P[s0 : s0 + d * K].reshape(d, K, S)).reshape(Y * K, S)
@@ -249,19 +249,19 @@ class HostFilter:
             FPs, ms = P[:, s0 : s0 + d * K].copy(), m[s0 : s0 + d * K].copy()
             if self.n:
                 self._bank_rows(b, FPs)
-            r1 = self._r(b + 1)
+            r1 = self.ring_row(b + 1)
             FX = np.einsum("kyi,ikc->ykc", T, FPs[s0 : s0 + d * K].reshape(d, K, d * K))
             FPs[r1 : r1 + C * K] = FX[:C].reshape(C * K, d * K)
             FPs[s0 : s0 + d * K] = FX[C:].reshape(d * K, d * K)
             keep.update(FPs=FPs, ms=ms)
-        self._predict(m, P, b, T, Qy)
+        self.predict_step(m, P, b, T, Qy)
 
     # ------------------------------------------------------------------ passes
     def forward(self, A, Ls, e, T, Qb, m0, P0, keep_starts: bool, keep_last: bool = False):
         """(log Z sum, bad count[, chunk-start means (n_chunks, S), covariances (n_chunks, S, S)[, last]]).
 
         ``keep_last`` (with ``keep_starts``): also return what the reverse pass reads for each sub-step of the
-        last chunk (as :meth:`_recompute` would), so that :meth:`backward` need not recompute that chunk."""
+        last chunk (as :meth:`recompute` would), so that :meth:`backward` need not recompute that chunk."""
         t = self.t
         Qy = qy(Qb, np)
         m, P = np.array(m0, dtype=np.float64), np.array(P0, dtype=np.float64, order="C")
@@ -293,7 +293,7 @@ class HostFilter:
         grads = self.backward(A, Ls, e, T, Qb, sm, sP, 1.0, pipeline=pipeline, last=last)
         return ll, bad, grads
 
-    def _recompute(self, c, A, Ls, e, T, Qy, sm, sP, bufs=None):
+    def recompute(self, c, A, Ls, e, T, Qy, sm, sP, bufs=None):
         """Chunk c's sub-steps again from its start state; what each one's reverse step reads, in order.
         ``bufs``: one S x S array per sub-step to keep its covariance in (see :meth:`backward`)."""
         t = self.t
@@ -305,8 +305,8 @@ class HostFilter:
             kept.append(k)
         return kept
 
-    def _buffers(self):
-        """One chunk's S x S arrays for :meth:`_recompute` on the helper thread, allocated on the calling one.
+    def buffers(self):
+        """One chunk's S x S arrays for :meth:`recompute` on the helper thread, allocated on the calling one.
 
         glibc gives each thread its own malloc arena, and a helper thread's arena hands freed memory back to the
         system; covariances allocated there were faulted in again at every chunk. Allocated here they come from
@@ -335,16 +335,16 @@ class HostFilter:
             pipeline and t.n_chunks > 1) else None
         weights = []
         try:
-            nxt = None if pool is None or start < 0 else pool.submit(self._recompute, start, *args, self._buffers())
+            nxt = None if pool is None or start < 0 else pool.submit(self.recompute, start, *args, self.buffers())
             for c in reversed(range(t.n_chunks)):
                 if c > start:
                     kept = last
                 elif pool is None:
-                    kept = self._recompute(c, *args)
+                    kept = self.recompute(c, *args)
                 else:
                     kept = nxt.result()
-                    nxt = pool.submit(self._recompute, c - 1, *args, self._buffers()) if c > 0 else None
-                deferred = self._reverse_chunk(c, kept, T, gll, Lsb, eb, Tb, Qbb, mb, Pb)
+                    nxt = pool.submit(self.recompute, c - 1, *args, self.buffers()) if c > 0 else None
+                deferred = self.reverse_chunk(c, kept, T, gll, Lsb, eb, Tb, Qbb, mb, Pb)
                 if pool is None:
                     self._weight_adjoints(deferred, Ab)
                 else:
@@ -356,7 +356,7 @@ class HostFilter:
                 pool.shutdown(wait=True, cancel_futures=True)
         return Ab, Lsb, eb, Tb, Qbb, mb, Pb
 
-    def _reverse_chunk(self, c, kept, T, gll, Lsb, eb, Tb, Qbb, mb, Pb):
+    def reverse_chunk(self, c, kept, T, gll, Lsb, eb, Tb, Qbb, mb, Pb):
         """The reverse pass over chunk c (in place on the adjoint accumulators except Ā); returns what
         :meth:`_weight_adjoints` needs for Ā."""
         t, K, S = self.t, self.K, self.S
@@ -427,7 +427,7 @@ class HostFilter:
         the absorbed (and bank-moved) state; ms: its SDE mean."""
         K, C, d, S, s0 = self.K, self.C, self.d, self.S, self.s0
         Y = C + d
-        r1 = self._r(b + 1)
+        r1 = self.ring_row(b + 1)
         Wy = np.concatenate([Pb[r1 : r1 + C * K], Pb[s0 : s0 + d * K]])  # (Y K, S)
         G = (Wy @ FPs).reshape(Y, K, d, K)
         my = np.concatenate([mb[r1 : r1 + C * K], mb[s0 : s0 + d * K]]).reshape(Y, K)

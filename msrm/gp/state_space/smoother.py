@@ -131,7 +131,7 @@ def filter_inputs(theta, run: SSRun, hf: HostFilter | None = None) -> tuple:
     Pinf = np.stack([stationary_cov(t.kernel, float(ell), np) for ell in np.asarray(theta["lengthscales"])])
     m0, P0 = np.zeros(S), np.zeros((S, S))
     P0[s0:s0 + Kd, s0:s0 + Kd] = np.einsum("kij,kl->ikjl", Pinf, np.eye(t.K)).reshape(Kd, Kd)
-    hf._predict(m0, P0, -1, T, qy(Qb, np))
+    hf.predict_step(m0, P0, -1, T, qy(Qb, np))
     return A, Ls, e, const, T, Qb, m0, P0
 
 
@@ -177,10 +177,10 @@ def smooth_run(theta, run: SSRun, *, nodes: bool = True, grid: bool = True) -> R
         for j in reversed(range(len(kept))):
             i = c * t.chunk + j
             k = kept[j]
-            step._reverse_chunk(i, [k], T, 1.0, Lsb, eb, Tb, Qbb, mb, Pb)
+            step.reverse_chunk(i, [k], T, 1.0, Lsb, eb, Tb, Qbb, mb, Pb)
             b = block_of_first.get(i)
             if b is not None:
-                _grid_block(k["m"], k["P"], mb, Pb, hf._r(b), C, K, grid_mean[b * C:(b + 1) * C],
+                _grid_block(k["m"], k["P"], mb, Pb, hf.ring_row(b), C, K, grid_mean[b * C:(b + 1) * C],
                             grid_cov[b * C:(b + 1) * C])
             kept[j] = None
 
@@ -197,11 +197,11 @@ def smooth_run(theta, run: SSRun, *, nodes: bool = True, grid: bool = True) -> R
                 if c == t.n_chunks - 1:
                     kept = last
                 elif pool is None:
-                    kept = hf._recompute(c, *args, sm, sP)
+                    kept = hf.recompute(c, *args, sm, sP)
                 else:
-                    kept = nxt.result() if nxt is not None else hf._recompute(c, *args, sm, sP, hf._buffers())
+                    kept = nxt.result() if nxt is not None else hf.recompute(c, *args, sm, sP, hf.buffers())
                 if pool is not None and c > 0:
-                    nxt = pool.submit(hf._recompute, c - 1, *args, sm, sP, hf._buffers())
+                    nxt = pool.submit(hf.recompute, c - 1, *args, sm, sP, hf.buffers())
                 reverse_chunk(c, kept)
         finally:
             if pool is not None:
