@@ -26,7 +26,7 @@ SIZES = {
     "smoke": dict(study=dict(profile="tiny", n_features=20, n_runs=2, duration_scale=2.0, seed=3), true_k=2,
                   ks=(1, 2, 3), folds=4, fit=dict(restarts=1, max_iter=40)),
     "quick": dict(study=dict(profile="one-eighth", n_features=60, n_runs=1, duration_scale=0.5, seed=0), true_k=3,
-                  ks=(1, 2, 3, 4, 5), folds=5, fit=dict(restarts=2, max_iter=60)),
+                  ks=(1, 2, 3, 4), folds=4, fit=dict(restarts=1, max_iter=60)),
     "note": dict(study=dict(profile="one-eighth", n_features=360, n_runs=1, duration_scale=1.0, seed=0), true_k=3,
                  ks=(1, 2, 3, 4, 5, 6), folds=5, fit=dict(restarts=4, max_iter=100)),
 }
