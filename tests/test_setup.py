@@ -22,7 +22,7 @@ def test_environment_yml_delegates_to_pyproject():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     deps = env["dependencies"]
     conda = [d for d in deps if isinstance(d, str)]
-    assert conda == ["python=3.11", "pip"], f"environment.yml may list only python=3.11 and pip, got {conda}"
+    assert conda == ["python=3.12", "pip"], f"environment.yml may list only python=3.12 and pip, got {conda}"
     pip_lists = [d["pip"] for d in deps if isinstance(d, dict)]
     assert len(pip_lists) == 1 and len(pip_lists[0]) == 1, f"expected one pip entry, got {pip_lists}"
     m = re.fullmatch(r"-e \.\[([a-z0-9_,-]+)\]", pip_lists[0][0])

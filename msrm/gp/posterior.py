@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import atomic
 from ..runtime import execution_info
-from .idata import build_inference_data, observed_summary, physical_draws, save_netcdf
+from .idata import build_inference_data, group_names, observed_summary, physical_draws, save_netcdf
 from .map import fit_map
 
 __all__ = ["sample", "Posterior", "save_checkpoint", "load_checkpoint", "device_identity", "DeviceMismatchError"]
@@ -466,7 +466,7 @@ def sample(
     with _timed(timings, "diagnostics"):
         summary = _summary(idata) if diagnostics else None
     timings["total"] = time.perf_counter() - t_total
-    for group in idata.groups():
+    for group in group_names(idata):
         idata[group].attrs["timings"] = json.dumps(timings)
     if archive is not None:
         save_netcdf(idata, archive)
