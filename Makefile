@@ -91,7 +91,7 @@ book: install chromium
 
 # pytest exits 5 when it collected no test: that is a failure here.
 test: install chromium
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=40
 
 # The default selection again, on the oldest supported combination.
 test-oldest: $(STAMP_OLDEST) chromium
