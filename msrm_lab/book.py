@@ -37,7 +37,7 @@ NOT_MEASURED = "not yet measured"
 PROFILE_ORDER = ("note", "full", "quick", "smoke")
 BASE_COLUMNS = ("device", "profile", "notebook", "experiment", "metric", "value", "unit", "status")
 INFO_COLUMNS = ("backend", "device_kind", "cpu_model", "physical_cores", "blas_kernel", "blas_threads", "jax",
-                "git_commit", "timestamp")
+                "git_commit", "timestamp", "load_average_1m")
 _STATUS_TEXT = {"not_yet_measured": NOT_MEASURED, "refused": "refused", "error": "error"}
 
 
@@ -70,7 +70,7 @@ def load_results(root: str | Path | Sequence[str | Path] | None = None) -> pd.Da
     Columns: ``device, profile, notebook, experiment, metric, value, unit, status``, then each row's params
     flattened to its own column (``param_<name>`` if the name clashes with a base column), then
     ``info_<name>`` for a few ``execution_info`` fields (backend, device_kind, cpu_model, physical_cores,
-    blas_kernel, blas_threads, jax, git_commit, timestamp). Torn or foreign lines are skipped.
+    blas_kernel, blas_threads, jax, git_commit, timestamp, load_average_1m). Torn or foreign lines are skipped.
     """
     records = []
     for device, profile, folder in _result_folders(results_roots(root)):
