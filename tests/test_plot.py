@@ -300,7 +300,10 @@ def test_response_posterior_bad_input(response_idata):
         plot.response_posterior(idata, names=["rating/width"])
     with pytest.raises(ValueError, match="axes: 1 axes given for 3 parameters"):
         plot.response_posterior(idata, axes=[plt.subplots()[1]])
-    no_response = idata.posterior[[v for v in idata.posterior.data_vars if not str(v).startswith("response")]]
+    from msrm.gp.idata import group_dataset
+
+    posterior = group_dataset(idata, "posterior")  # an xarray.Dataset under ArviZ 0.23 and 1.x
+    no_response = posterior[[v for v in posterior.data_vars if not str(v).startswith("response")]]
     with pytest.raises(ValueError, match="no response parameters"):
         plot.response_posterior(no_response)
     with pytest.raises(ValueError, match="post_or_idata must be"):
