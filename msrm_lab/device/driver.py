@@ -17,12 +17,10 @@ memory left behind by one does not reach the next.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,8 @@ from typing import Sequence
 
 from msrm import atomic
 from msrm.runtime import execution_info
+
+from ..processes import kill_group
 from .parts import FAIL_ENV, PARTS, PROFILES
 
 __all__ = ["MIN_PART_S", "STATUS_FILE", "run_device", "child_env", "part_folder"]
@@ -66,18 +66,6 @@ def part_folder(base: Path, name: str, failed: bool = False) -> Path:
     return base / (f"{name}.failed" if failed else name)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop the child we started and its process group: SIGTERM, then SIGKILL after a grace period."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _count_rows(path: Path) -> int:
     if not path.is_file():
         return 0
@@ -109,10 +97,10 @@ def _run_one(name: str, *, profile: str, platform: str, base: Path, root: Path, 
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc)
+            kill_group(proc, term_grace=5.0)
             rc = proc.returncode
         except BaseException:
-            _kill_group(proc)
+            kill_group(proc, term_grace=5.0)
             raise
     wall = time.perf_counter() - t0
     ok = rc == 0 and not timed_out

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from typing import NamedTuple, Sequence
 from msrm import atomic
 from msrm.runtime import execution_info
 from ..paths import repo_root
+from ..processes import kill_group
 from .device import resolve_device
 
 __all__ = ["PROFILES", "NotebookResult", "discover", "notebook_stem", "run_notebook", "run_notebooks"]
@@ -106,18 +106,6 @@ def _checkout(notebook: Path) -> Path:
         return repo_root()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop the child we started and its process group: SIGTERM, then SIGKILL after a grace period."""
-    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _read_error(tmp: Path, stderr_tail: str) -> str:
     err_file = tmp / "error.json"
     if err_file.exists():
@@ -174,10 +162,10 @@ def run_notebook(
             try:
                 rc = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
+                kill_group(proc)
                 rc = None
             except BaseException:
-                _kill_group(proc)
+                kill_group(proc)
                 raise
             log.seek(0)
             tail = log.read()[-4000:]
