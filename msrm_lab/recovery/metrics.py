@@ -1,0 +1,366 @@
+r"""How well a fitted model recovers a known truth: latent subspaces, aligned fits, responses and coverage.
+
+Latent-factor models identify their factors only up to a transform (R-MSRM: a rotation; GP-MSRM: sign and order;
+PCA-like peers: a rotation and a scale), so every latent metric here is invariant to the freedom it must forgive,
+and says which:
+
+- :func:`subspace_error` forgives any invertible linear map (and a shift of the mean): it asks only whether the
+  estimated factors span the true ones.
+- :func:`aligned_r2` forgives an affine map from the estimate to the truth (least squares with an intercept) and
+  scores each true factor separately.
+- :func:`procrustes_band` forgives a rotation or reflection only (orthogonal Procrustes after centring), which is
+  what a posterior band may be moved by without changing its width; the band is then scored by
+  :func:`band_coverage`.
+
+Latents are given per run, each a (J, K) array on the run's latent grid (``msrm.latent_grid``), or as one such
+array. Several runs share their factors, so one map is fitted to the grid points of all runs together (means are
+pooled over runs), as :func:`msrm.align` does. ``mask`` selects the grid points that enter a metric: one (J,) bool
+array per run (:func:`edge_mask` gives the points inside the observed span less an edge margin), or None for all.
+
+All arrays are float64; bad input raises ``ValueError`` naming the argument.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = [
+    "edge_mask", "subspace_error", "aligned_r2", "response_errors", "flat_response_errors", "best_shift",
+    "procrustes_band", "band_coverage", "interval_coverage", "central_interval", "binomial_sd", "Z90",
+]
+
+# the two-sided 90% standard normal quantile: a 90% band is mean +- Z90 sd
+Z90 = 1.6448536269514722
+
+
+# ----------------------------------------------------------------------------------------------- input handling
+def _runs(x, name: str) -> list[np.ndarray]:
+    """A (J, K) array or a list of them -> list of finite float64 (J_r, K) arrays with one K."""
+    items = list(x) if isinstance(x, (list, tuple)) else [x]
+    if not items:
+        raise ValueError(f"{name}: an empty list of runs")
+    out = []
+    for r, z in enumerate(items):
+        a = np.asarray(z, dtype=np.float64)
+        if a.ndim == 1:
+            a = a[:, None]
+        if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+            raise ValueError(f"{name}[{r}]: expected a (J, K) array, got shape {a.shape}")
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name}[{r}]: contains non-finite values (NaN or inf)")
+        out.append(a)
+    if len({a.shape[1] for a in out}) != 1:
+        raise ValueError(f"{name}: runs have different numbers of factors {[a.shape[1] for a in out]}")
+    return out
+
+
+def _masks(mask, runs: list[np.ndarray], name: str = "mask") -> list[np.ndarray]:
+    """None, a (J,) bool array or a list of them (one per run) -> list of (J_r,) bool arrays."""
+    if mask is None:
+        return [np.ones(a.shape[0], dtype=bool) for a in runs]
+    items = list(mask) if isinstance(mask, (list, tuple)) else [mask]
+    if len(items) != len(runs):
+        raise ValueError(f"{name}: {len(items)} masks for {len(runs)} runs")
+    out = []
+    for r, (m, a) in enumerate(zip(items, runs)):
+        m = np.asarray(m)
+        if m.dtype != bool or m.shape != (a.shape[0],):
+            raise ValueError(f"{name}[{r}]: expected a ({a.shape[0]},) bool array, got {m.dtype} {m.shape}")
+        out.append(m)
+    if not any(m.any() for m in out):
+        raise ValueError(f"{name}: selects no grid point")
+    return out
+
+
+def _pair(true, est, mask, true_name="true", est_name="est"):
+    """Stacked masked rows (n, K_true), (n, K_est) of truth and estimate over all runs."""
+    T = _runs(true, true_name)
+    E = _runs(est, est_name)
+    if len(T) != len(E):
+        raise ValueError(f"{true_name} has {len(T)} runs but {est_name} has {len(E)}")
+    for r, (t, e) in enumerate(zip(T, E)):
+        if t.shape[0] != e.shape[0]:
+            raise ValueError(f"run {r}: {true_name} has {t.shape[0]} grid points but {est_name} has {e.shape[0]}")
+    M = _masks(mask, T)
+    return np.concatenate([t[m] for t, m in zip(T, M)]), np.concatenate([e[m] for e, m in zip(E, M)])
+
+
+def _basis(x: np.ndarray, rtol: float = 1e-10) -> np.ndarray:
+    """Orthonormal basis (n, r) of the column space of x: left singular vectors with s > rtol * s_max."""
+    u, s, _ = np.linalg.svd(x, full_matrices=False)
+    if s.size == 0 or s[0] == 0.0:
+        return u[:, :0]
+    return u[:, s > rtol * s[0]]
+
+
+# ------------------------------------------------------------------------------------------------------ masks
+def edge_mask(grid, span, drop: float = 8.0) -> np.ndarray:
+    """Grid points inside the observed span less a margin at each end: ``start + drop <= tau <= end - drop``.
+
+    Near the ends of a recording the latents are seen by few samples (and, with lagged responses, by none at the
+    very start), so every method extrapolates there; the margin keeps that out of the comparison.
+
+    Args:
+        grid: (J,) grid times (seconds).
+        span: ``(start, end)`` of the observed span of the run (seconds), start < end.
+        drop: the margin in seconds (>= 0).
+    Returns:
+        (J,) bool.
+    """
+    g = np.asarray(grid, dtype=np.float64)
+    if g.ndim != 1 or g.size == 0 or not np.isfinite(g).all():
+        raise ValueError(f"grid: expected a finite 1-d array, got shape {g.shape}")
+    try:
+        start, end = (float(v) for v in span)
+    except (TypeError, ValueError):
+        raise ValueError(f"span: expected (start, end), got {span!r}") from None
+    if not (math.isfinite(start) and math.isfinite(end) and start < end):
+        raise ValueError(f"span: expected finite start < end, got {span!r}")
+    drop = float(drop)
+    if not (math.isfinite(drop) and drop >= 0):
+        raise ValueError(f"drop: expected a finite number >= 0, got {drop!r}")
+    if start + drop > end - drop:
+        raise ValueError(f"drop: a margin of {drop:g} s at each end leaves nothing of the span {span!r}")
+    return (g >= start + drop) & (g <= end - drop)
+
+
+# ----------------------------------------------------------------------------------------------- latent metrics
+def subspace_error(true, est, mask=None) -> float:
+    r"""Relative part of the true latents outside the span of the estimated ones.
+
+    With Z (n, K) the true latents and E (n, K') the estimate on the selected grid points (all runs stacked), both
+    centred (column means removed), and Q an orthonormal basis of the columns of E:
+
+    .. math:: \mathrm{err} = \lVert Z - Q Q^\top Z \rVert_F / \lVert Z \rVert_F \in [0, 1].
+
+    0 when E = Z A + 1 c^T for an invertible A (any rotation, scaling or mixing of the factors); 1 when every
+    estimated factor is orthogonal to every true one. K' may differ from K: more estimated factors can only lower
+    the error, so compare methods at the same K'.
+    """
+    Z, E = _pair(true, est, mask)
+    Z = Z - Z.mean(axis=0)
+    E = E - E.mean(axis=0)
+    nz = np.linalg.norm(Z)
+    if nz == 0.0:
+        raise ValueError("true: the selected true latents are constant, so there is no subspace to recover")
+    Q = _basis(E)
+    return float(np.linalg.norm(Z - Q @ (Q.T @ Z)) / nz)
+
+
+def aligned_r2(true, est, mask=None) -> np.ndarray:
+    r"""R^2 of each true factor predicted from the estimate by least squares with an intercept.
+
+    Solves ``min_{A, c} ||Z - E A - 1 c^T||_F`` over the selected grid points (one map for all runs) and returns,
+    per true factor k, ``1 - SSE_k / SST_k`` with SST_k the squared deviations of Z[:, k] from its mean: 1 when the
+    factor is an exact affine function of the estimate, 0 when the estimate explains none of it.
+
+    Returns:
+        (K_true,) float64.
+    """
+    Z, E = _pair(true, est, mask)
+    X = np.column_stack([np.ones(E.shape[0]), E])
+    coef, *_ = np.linalg.lstsq(X, Z, rcond=None)
+    resid = Z - X @ coef
+    sst = ((Z - Z.mean(axis=0)) ** 2).sum(axis=0)
+    if np.any(sst == 0.0):
+        raise ValueError("true: a selected true factor is constant, so its R^2 is undefined")
+    return 1.0 - (resid ** 2).sum(axis=0) / sst
+
+
+def best_shift(true, est, grid, mask=None, *, max_shift: float = 10.0, step: float | None = None) -> tuple[float, float]:
+    r"""The time shift s that best lines the estimate up with the truth, and the subspace error there.
+
+    Evaluates the estimate at shifted times, ``E_s(tau) = E(tau + s)`` (linear interpolation on the grid, one
+    run's grid given; the ends held constant), for s on a regular set in ``[-max_shift, max_shift]`` and returns
+    the s with the smallest :func:`subspace_error` of the truth against ``E_s``. A positive s means the estimate
+    runs *late* by s seconds (``E(tau + s)`` matches ``Z(tau)``): a latent recovered s seconds late is what a
+    response lag that is s seconds too short produces.
+
+    Args:
+        true, est: (J, K) arrays of one run on ``grid``.
+        grid: (J,) the run's grid times.
+        mask: (J,) bool, the points compared (keep it away from the ends by more than ``max_shift``).
+        max_shift: the largest shift tried (seconds, > 0).
+        step: spacing of the shifts tried (default a tenth of the grid step).
+    Returns:
+        ``(shift, error)``.
+    """
+    Z = _runs(true, "true")
+    E = _runs(est, "est")
+    if len(Z) != 1 or len(E) != 1:
+        raise ValueError("best_shift: give one run (a (J, K) array) of true and est")
+    Z, E = Z[0], E[0]
+    g = np.asarray(grid, dtype=np.float64)
+    if g.shape != (Z.shape[0],) or E.shape[0] != Z.shape[0]:
+        raise ValueError(f"grid: expected shape ({Z.shape[0]},) matching true and est, got {g.shape}")
+    if not (np.isfinite(max_shift) and max_shift > 0):
+        raise ValueError(f"max_shift: expected a positive number, got {max_shift!r}")
+    dg = float(np.median(np.diff(g))) if g.size > 1 else 1.0
+    step = dg / 10.0 if step is None else float(step)
+    if not (math.isfinite(step) and step > 0):
+        raise ValueError(f"step: expected a positive number, got {step!r}")
+    n = int(math.floor(max_shift / step + 1e-9))
+    shifts = step * np.arange(-n, n + 1)
+    best = (0.0, math.inf)
+    for s in shifts:
+        Es = np.column_stack([np.interp(g + s, g, E[:, k]) for k in range(E.shape[1])])
+        err = subspace_error(Z, Es, mask)
+        if err < best[1] - 1e-15:
+            best = (float(s), err)
+    return best
+
+
+# -------------------------------------------------------------------------------------------------- responses
+def response_errors(fitted: dict, truth: dict) -> dict[str, dict[str, float]]:
+    """Absolute error of each fitted response parameter: ``{key: {param: |fitted - true|}}``.
+
+    Args:
+        fitted: ``Params.response`` of a fit, ``{key: {param: value}}`` with key a modality (shared pooling) or
+            ``"participant/modality"`` (individual pooling).
+        truth: the true responses ``{modality or key: {param: value}}``.
+    Returns:
+        one entry per fitted key whose key (or, for ``"participant/modality"``, whose modality) has a truth, with
+        the parameters both have (a fixed parameter such as GaussianLag's width is not fitted, and a true response
+        of another form has other parameters: neither is scored).
+    """
+    if not isinstance(fitted, dict) or not isinstance(truth, dict):
+        raise ValueError(f"fitted and truth must be dicts {{key: {{param: value}}}}, got "
+                         f"{type(fitted).__name__} and {type(truth).__name__}")
+    out: dict[str, dict[str, float]] = {}
+    for key, theta in fitted.items():
+        true_theta = truth.get(key, truth.get(str(key).split("/")[-1]))
+        if true_theta is None:
+            continue
+        errs = {}
+        for name, value in dict(theta).items():
+            if name not in true_theta:
+                continue
+            v, t = float(value), float(true_theta[name])
+            if not (math.isfinite(v) and math.isfinite(t)):
+                raise ValueError(f"response {key!r}.{name}: non-finite value (fitted {v!r}, true {t!r})")
+            errs[name] = abs(v - t)
+        if errs:
+            out[str(key)] = errs
+    return out
+
+
+def flat_response_errors(errors: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``{"rating": {"lag": e}}`` -> ``{"rating/lag": e}`` (one name per row of a results table)."""
+    return {f"{key}/{name}": float(v) for key, theta in errors.items() for name, v in theta.items()}
+
+
+# --------------------------------------------------------------------------------------------- bands, coverage
+def procrustes_band(true, mean, mask=None, *, cov=None, sd=None, z: float = Z90) -> dict[str, Any]:
+    r"""Move a posterior band onto the truth by orthogonal Procrustes and return the moved band.
+
+    The rotation (reflections included) ``R = argmin_{R^T R = I} ||(M - m) R - (Z - z)||_F`` is fitted on the
+    selected grid points of all runs (M the posterior mean, Z the truth, m and z their pooled means over those
+    points) and applied to every point: ``M' = (M - m) R + z``. An orthogonal map keeps the band's meaning:
+
+    - with the per-point K x K posterior covariance C_j (``cov``, (J, K, K) per run), the moved marginal sd is
+      exact, ``sd'_j = sqrt(diag(R^T C_j R))``;
+    - with marginal sds only (``sd``) it is approximated by ``sd'_j = sqrt((sd_j^2) (R * R))``, which ignores the
+      posterior correlation between factors at a point (exact when R is a signed permutation or C_j diagonal).
+
+    Returns:
+        dict with ``mean``, ``sd``, ``lower``, ``upper`` (lists over runs of (J, K)), ``rotation`` (K, K),
+        ``center`` (K,), ``offset`` (K,) and ``exact_sd`` (True when ``cov`` was used).
+    """
+    from scipy.linalg import orthogonal_procrustes
+
+    T = _runs(true, "true")
+    Mn = _runs(mean, "mean")
+    if len(T) != len(Mn):
+        raise ValueError(f"true has {len(T)} runs but mean has {len(Mn)}")
+    for r, (t, m) in enumerate(zip(T, Mn)):
+        if t.shape != m.shape:
+            raise ValueError(f"run {r}: true {t.shape} and mean {m.shape} differ (Procrustes needs the same K)")
+    if (cov is None) == (sd is None):
+        raise ValueError("procrustes_band: give exactly one of cov (per-point K x K covariances) or sd")
+    if not (math.isfinite(z) and z > 0):
+        raise ValueError(f"z: expected a positive number, got {z!r}")
+    masks = _masks(mask, T)
+    Zs = np.concatenate([t[m] for t, m in zip(T, masks)])
+    Ms = np.concatenate([e[m] for e, m in zip(Mn, masks)])
+    c, o = Ms.mean(axis=0), Zs.mean(axis=0)
+    R, _ = orthogonal_procrustes(Ms - c, Zs - o)
+    K = R.shape[0]
+    new_mean = [(m - c) @ R + o for m in Mn]
+    if cov is not None:
+        covs = list(cov) if isinstance(cov, (list, tuple)) else [cov]
+        if len(covs) != len(Mn):
+            raise ValueError(f"cov: {len(covs)} runs for {len(Mn)}")
+        new_sd = []
+        for r, (C, m) in enumerate(zip(covs, Mn)):
+            C = np.asarray(C, dtype=np.float64)
+            if C.shape != (m.shape[0], K, K):
+                raise ValueError(f"cov[{r}]: expected shape {(m.shape[0], K, K)}, got {C.shape}")
+            var = np.einsum("ki,jkl,li->ji", R, C, R)  # diag(R^T C_j R) at each point j
+            new_sd.append(np.sqrt(np.maximum(var, 0.0)))
+    else:
+        sds = _runs(sd, "sd")
+        if len(sds) != len(Mn) or any(s.shape != m.shape for s, m in zip(sds, Mn)):
+            raise ValueError("sd: expected one (J, K) array per run, shaped like mean")
+        if any((s < 0).any() for s in sds):
+            raise ValueError("sd: negative standard deviations")
+        new_sd = [np.sqrt((s ** 2) @ (R * R)) for s in sds]
+    return {"mean": new_mean, "sd": new_sd,
+            "lower": [m - z * s for m, s in zip(new_mean, new_sd)],
+            "upper": [m + z * s for m, s in zip(new_mean, new_sd)],
+            "rotation": R, "center": c, "offset": o, "exact_sd": cov is not None}
+
+
+def band_coverage(true, lower, upper, mask=None) -> float:
+    """Fraction of the selected (grid point, factor) values of the truth inside ``[lower, upper]``.
+
+    ``true``, ``lower``, ``upper``: the same structure (a (J, K) array or one per run); ``lower <= upper``.
+    """
+    T = _runs(true, "true")
+    L = _runs(lower, "lower")
+    U = _runs(upper, "upper")
+    if not (len(T) == len(L) == len(U)) or any(not (t.shape == l.shape == u.shape) for t, l, u in zip(T, L, U)):
+        raise ValueError("true, lower and upper must have the same runs and shapes")
+    if any((l > u).any() for l, u in zip(L, U)):
+        raise ValueError("lower: above upper somewhere")
+    M = _masks(mask, T)
+    inside = [((t >= l) & (t <= u))[m] for t, l, u, m in zip(T, L, U, M)]
+    return float(np.concatenate(inside).mean())
+
+
+def central_interval(draws, level: float = 0.9, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Equal-tailed interval of draws: the ``(1 - level)/2`` and ``(1 + level)/2`` quantiles along ``axis``."""
+    d = np.asarray(draws, dtype=np.float64)
+    if d.size == 0 or not np.isfinite(d).all():
+        raise ValueError("draws: expected a non-empty finite array")
+    if not (0.0 < level < 1.0):
+        raise ValueError(f"level: expected 0 < level < 1, got {level!r}")
+    lo, hi = np.quantile(d, [(1 - level) / 2, (1 + level) / 2], axis=axis)
+    return lo, hi
+
+
+def interval_coverage(true, lower, upper) -> float:
+    """Fraction of scalar truths inside their intervals (e.g. one true lag and its 90% interval per seed).
+
+    ``true``, ``lower``, ``upper``: 1-d arrays of the same length (a scalar truth is broadcast).
+    """
+    lo = np.atleast_1d(np.asarray(lower, dtype=np.float64))
+    hi = np.atleast_1d(np.asarray(upper, dtype=np.float64))
+    t = np.broadcast_to(np.asarray(true, dtype=np.float64), lo.shape)
+    if lo.ndim != 1 or lo.shape != hi.shape or lo.size == 0:
+        raise ValueError(f"lower and upper: expected 1-d arrays of one length, got {lo.shape} and {hi.shape}")
+    if not (np.isfinite(t).all() and np.isfinite(lo).all() and np.isfinite(hi).all()):
+        raise ValueError("true, lower, upper: non-finite values")
+    if (lo > hi).any():
+        raise ValueError("lower: above upper somewhere")
+    return float(np.mean((t >= lo) & (t <= hi)))
+
+
+def binomial_sd(p: float, n: int) -> float:
+    """Standard deviation of an observed coverage fraction: ``sqrt(p (1 - p) / n)`` for n independent values."""
+    if not (0.0 <= p <= 1.0):
+        raise ValueError(f"p: expected a probability, got {p!r}")
+    if int(n) < 1:
+        raise ValueError(f"n: expected a positive count, got {n!r}")
+    return math.sqrt(p * (1.0 - p) / int(n))
