@@ -7,7 +7,8 @@ import pytest
 
 import data_synth
 from msrm.rmsrm import convention
-from msrm.rmsrm.latent import latent_blocks, solve_latent_banded, solve_latent_superlu, latent_sparse_system
+from msrm.rmsrm.latent import (latent_blocks, latent_sparse_system, pad_tie_lowrank, solve_latent_banded,
+                               solve_latent_superlu)
 from msrm.rmsrm.loadings import residual_sum_squares, update_loadings, update_noise
 from msrm.rmsrm.objective import (RState, compute_stats, objective_dense, objective_reuse, penalty_metric,
                                   slot_latents, theta_value_and_grad_dense, theta_value_and_grad_reuse)
@@ -85,12 +86,16 @@ def test_banded_latent_solve_equals_superlu(pooling, missing, n_runs):
     stats = compute_stats(prep, state)
     for r in range(len(prep.runs)):
         B, h = latent_blocks(prep, state, stats, r)
-        z_band = solve_latent_banded(B, h)
-        z_lu = solve_latent_superlu(prep, state, stats, r)
+        z_band, ld_band = solve_latent_banded(B, h, lowrank=pad_tie_lowrank(prep, r, stats.S), logdet=True)
+        z_lu, ld_lu = solve_latent_superlu(prep, state, stats, r, logdet=True)
         np.testing.assert_allclose(z_band, z_lu, rtol=1e-10, atol=1e-10 * np.abs(z_lu).max())
         # and the solution is the minimiser: the latent gradient H z - h vanishes
         H, hv = latent_sparse_system(prep, state, stats, r)
         assert np.abs(H @ z_band.ravel() - hv).max() <= 1e-9 * np.abs(hv).max()
+        # log det H (banded Cholesky + determinant lemma) against SuperLU and a dense slogdet
+        sign, ld_dense = np.linalg.slogdet(H.toarray())
+        assert sign > 0
+        np.testing.assert_allclose([ld_band, ld_lu], ld_dense, rtol=1e-10)
 
 
 def test_latent_step_minimises_the_objective_in_z():
@@ -134,7 +139,9 @@ def test_convention_is_an_exact_reparametrisation(pooling, n_runs):
     _, _, prep, state = _problem(pooling, 0.1, n_runs=n_runs)
     canon = convention.canonical(prep, state)
     assert objective_dense(prep, canon) == pytest.approx(objective_dense(prep, state), rel=1e-11)
-    allz = np.concatenate(canon.Z)
+    # centred and whitened over the runs' spans [0, T], the pad left out
+    allz = np.concatenate([z[run.observed] for z, run in zip(canon.Z, prep.runs)])
+    assert allz.shape[0] < sum(z.shape[0] for z in canon.Z)
     np.testing.assert_allclose(allz.mean(axis=0), 0.0, atol=1e-12)
     np.testing.assert_allclose(allz.T @ allz / allz.shape[0], np.eye(prep.n_factors), atol=1e-12)
     S = penalty_metric(prep, canon.W, canon.var)

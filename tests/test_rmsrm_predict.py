@@ -73,7 +73,11 @@ def _brute_force_latents(fit, run):
     D = np.diff(np.eye(J), n=2, axis=0)
     F_tot = sum(W.shape[0] for W in params.loadings.values())
     S = sum(W.T @ (W / params.noise_sd[k][:, None] ** 2) for k, W in params.loadings.items()) / F_tot
-    H = X.T @ X + fit.roughness * np.kron(D.T @ D, S)
+    # the pad tie: rho sum_{j outside [0, T]} (z_j - mean of z over [0, T])^2, written out densely
+    span = (grid >= 0) & (grid <= run.duration)
+    Dt = np.eye(J)[~span] - np.where(span, 1.0 / span.sum(), 0.0)[None, :]
+    rho = (spec.latent_dt / 2.0) ** 4
+    H = X.T @ X + fit.roughness * np.kron(D.T @ D + rho * Dt.T @ Dt, S)
     return np.linalg.solve(H, X.T @ y).reshape(J, K)
 
 

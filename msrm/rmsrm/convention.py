@@ -3,12 +3,16 @@
 Convention. J is invariant to ``Z_r -> (Z_r - 1 m^T) T, W -> W T^-T, b -> b + W m`` (objective.py), so the fit
 fixes it without changing J:
 
-- during the fit, right after each latent step, the latents are centred and whitened over all grid points of all
-  runs (``sum_r Z_r^T Z_r / sum_r J_r = I``), keeping the numbers well scaled;
-- the returned fit is *canonical*: latents centred, unit variance and uncorrelated on the grid; then rotated so
-  the penalty metric ``S = (1/F_tot) sum_s W_s^T Sigma_s^-1 W_s`` is diagonal with decreasing entries (factor 1
-  carries the most noise-weighted signal); each factor's sign makes its largest-magnitude grid value positive.
-  W and b are transformed to compensate, so J and every prediction are unchanged.
+- during the fit, right after each latent step, the latents are centred and whitened over the grid points inside
+  the runs' spans [0, T] (``sum_r Z_r[span]^T Z_r[span] / sum_r |span_r| = I``), keeping the numbers well scaled;
+- the returned fit is *canonical*: latents centred, unit variance and uncorrelated over the spans; then rotated
+  so the penalty metric ``S = (1/F_tot) sum_s W_s^T Sigma_s^-1 W_s`` is diagonal with decreasing entries (factor
+  1 carries the most noise-weighted signal); each factor's sign makes its largest-magnitude value in the spans
+  positive. W and b are transformed to compensate, so J and every prediction are unchanged.
+
+The pad before the run (and the grid point past T) is left out of every statistic: only the tails of lagged
+responses reach it, and the pad tie (objective.py) keeps it near the run's level rather than letting it set the
+scale. The lengthscale estimate uses the spans too.
 
 Initialisation. The principal components of the large streams (F >= K; every stream if none is that large),
 standardised per feature and linearly interpolated to the grid, computed once by a seeded randomised range
@@ -24,8 +28,8 @@ from ..kernels import get_kernel
 from .objective import RState, penalty_metric
 from .prepare import Prepared
 
-__all__ = ["pca_init", "initial_latents", "initial_theta", "whiten", "canonical", "estimate_lengthscales",
-           "INIT_NOISE"]
+__all__ = ["pca_init", "initial_latents", "initial_theta", "spans", "whiten", "canonical",
+           "estimate_lengthscales", "INIT_NOISE"]
 
 INIT_NOISE = 0.5
 
@@ -94,7 +98,12 @@ def pca_init(prep: Prepared, oversample: int = 8, power_iters: int = 3) -> tuple
     if scores.shape[1] < K:  # fewer features than factors: pad with seeded noise
         scores = np.concatenate([scores, rng.standard_normal((N, K - scores.shape[1]))], axis=1)
     Z = tuple(scores[starts[r] : starts[r + 1]] for r in range(len(prep.runs)))
-    return whiten(Z)[0]
+    return whiten(Z, spans(prep))[0]
+
+
+def spans(prep: Prepared) -> tuple:
+    """Per run, the (J,) bool mask of grid points inside the run's span [0, T]."""
+    return tuple(run.observed for run in prep.runs)
 
 
 def initial_latents(base: tuple, rng: np.random.Generator, restart: int) -> tuple:
@@ -115,16 +124,22 @@ def initial_theta(prep: Prepared, rng: np.random.Generator, restart: int) -> dic
     return theta
 
 
-def whiten(Z: tuple, rel_floor: float = 1e-12):
-    """Centre and whiten latents over all grid points of all runs.
+def whiten(Z: tuple, observed: tuple, rel_floor: float = 1e-12):
+    """Centre and whiten latents over the grid points inside the runs' spans.
+
+    Args:
+        Z: per run (J_r, K).
+        observed: per run (J_r,) bool, the points the statistics are taken over (:func:`spans`).
 
     Returns:
-        (Z', m, T): ``Z'_r = (Z_r - m) T`` with ``sum_r Z'_r^T Z'_r / sum_r J_r = I``; T = C^-1/2 (symmetric).
+        (Z', m, T): ``Z'_r = (Z_r - m) T`` (every grid point transformed) with
+        ``sum_r Z'_r[obs]^T Z'_r[obs] / sum_r |obs_r| = I`` and zero mean over the observed points;
+        T = C^-1/2 (symmetric).
 
     Raises:
         FloatingPointError: the latents are (numerically) collinear, so no whitening exists.
     """
-    allz = np.concatenate(Z, axis=0)
+    allz = np.concatenate([z[o] for z, o in zip(Z, observed)], axis=0)
     m = allz.mean(axis=0)
     C = (allz - m).T @ (allz - m) / allz.shape[0]
     evals, evecs = np.linalg.eigh(C)
@@ -136,7 +151,8 @@ def whiten(Z: tuple, rel_floor: float = 1e-12):
 
 def canonical(prep: Prepared, state: RState) -> RState:
     """The returned convention (module docstring); an exact reparametrisation (J unchanged)."""
-    Z, m, T = whiten(state.Z)
+    obs = spans(prep)
+    Z, m, T = whiten(state.Z, obs)
     Tinv = np.linalg.inv(T)
     W = {k: state.W[k] @ Tinv.T for k in prep.keys}
     b = {k: state.b[k] + state.W[k] @ m for k in prep.keys}
@@ -144,7 +160,7 @@ def canonical(prep: Prepared, state: RState) -> RState:
     evals, Q = np.linalg.eigh(S)
     Q = Q[:, ::-1]
     Z = tuple(z @ Q for z in Z)
-    allz = np.concatenate(Z, axis=0)
+    allz = np.concatenate([z[o] for z, o in zip(Z, obs)], axis=0)
     signs = np.sign(allz[np.argmax(np.abs(allz), axis=0), np.arange(allz.shape[1])])
     signs[signs == 0] = 1.0
     Q = Q * signs[None, :]

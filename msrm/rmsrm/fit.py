@@ -110,7 +110,7 @@ def _initial_state(prep: Prepared, base_latents: tuple, task: dict, objective: s
     """The restart's seeded whitened latents and theta (convention.py), with loadings, intercepts and noise fitted
     to them."""
     rng = _rng(task)
-    Z = convention.whiten(convention.initial_latents(base_latents, rng, task["restart"]))[0]
+    Z = convention.whiten(convention.initial_latents(base_latents, rng, task["restart"]), convention.spans(prep))[0]
     theta = convention.initial_theta(prep, rng, task["restart"])
     state = RState(Z=Z, W={}, b={}, var={}, theta=theta)
     latents = slot_latents(prep, state)
@@ -136,7 +136,7 @@ def _iteration(prep: Prepared, state: RState, stats, objective: str, latent_solv
     t1 = time.perf_counter()
     row.append(_objective(prep, state, stats, objective))
     t2 = time.perf_counter()
-    state = state._replace(Z=convention.whiten(state.Z)[0])
+    state = state._replace(Z=convention.whiten(state.Z, convention.spans(prep))[0])
     latents = slot_latents(prep, state)
     t3 = time.perf_counter()
     t["latent"] += (t1 - t0) + (t3 - t2)
@@ -283,7 +283,8 @@ def fit_rmsrm(
         loadings=state.W,
         intercepts=state.b,
         noise_sd={k: np.sqrt(v) for k, v in state.var.items()},
-        lengthscales=convention.estimate_lengthscales(state.Z, spec.latent_dt, spec.kernel),
+        lengthscales=convention.estimate_lengthscales(
+            [z[o] for z, o in zip(state.Z, convention.spans(prep))], spec.latent_dt, spec.kernel),
         response=state.theta,
     )
     params.validate(data, spec)

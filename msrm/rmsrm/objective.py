@@ -3,13 +3,24 @@ residual (``dense``, the reference).
 
 Objective (summed over runs r, streams s, observed (i, f)):
 
-    J = 1/2 sum_obs [ (y - b_f - w_f^T x_i)^2 / sigma_f^2 + log sigma_f^2 ] + lambda/2 sum_r tr(Z_r^T D2^T D2 Z_r S)
+    J = 1/2 sum_obs [ (y - b_f - w_f^T x_i)^2 / sigma_f^2 + log sigma_f^2 ] + lambda/2 tr(P S),
+    P = sum_r [ Z_r^T D2^T D2 Z_r + rho sum_{j in pad_r} (z_rj - m_r)(z_rj - m_r)^T ]
 
 with ``x_i = A_s(theta) Z_r`` (rows of the response operator), D2 the second-difference matrix on the grid and
 ``S = (1/F_tot) sum_s W_s^T Sigma_s^-1 W_s`` the noise-weighted loading Gram averaged over all F_tot features.
-Under the convention S = I the penalty is lambda/2 sum_r sum_k ||D2 z_rk||^2; written with S it is invariant to
+
+The second term of P is the *pad tie*: ``pad_r`` are the grid points outside the run's span [0, T] and m_r the
+mean of Z_r over the points inside it. Second differences do not see a linear trend, so without the tie the
+latents extrapolate the run's edge linearly into the pad, where only the tails of lagged responses reach; the tie
+(weight ``rho = prepare.pad_tie_weight``) makes the pad decay to the run's level instead, like a stationary
+prior would. In matrix form the tie is ``rho Z_r^T T_r Z_r`` with
+``T_r = diag(u) - u o^T - o u^T + |pad_r| o o^T`` (u the pad indicator, o the span indicator / |span|): a
+diagonal plus a rank-2 term (latent.py solves it by Woodbury).
+
+Under the convention S = I the penalty is lambda/2 sum_k P_kk; written with S it is invariant to
 ``Z -> Z T, W -> W T^-T`` (any invertible T) and to ``Z -> Z + 1 m^T, b -> b - W m`` (rows of A sum to one, D2
-kills constants), so the convention of ``convention.py`` is an exact reparametrisation of the whole objective.
+kills constants, the tie is relative to the span's mean), so the convention of ``convention.py`` is an exact
+reparametrisation of the whole objective.
 
 Sufficient statistics per stream (W, b, sigma fixed; ``y0 = y - b``, zero where missing, m = mask):
 
@@ -108,12 +119,15 @@ def slot_latents(prep: Prepared, state: RState) -> list[list[np.ndarray]]:
 
 
 def roughness_gram(prep: Prepared, Z) -> np.ndarray:
-    """P = sum_r (D2 Z_r)^T (D2 Z_r): (K, K)."""
+    """P = sum_r (D2 Z_r)^T (D2 Z_r) + rho (Z_r - m_r)_pad^T (Z_r - m_r)_pad: (K, K) (module docstring)."""
     K = prep.n_factors
     P = np.zeros((K, K))
-    for Zr in Z:
+    for run, Zr in zip(prep.runs, Z):
         d2 = Zr[2:] - 2.0 * Zr[1:-1] + Zr[:-2]
         P += d2.T @ d2
+        if prep.pad_tie > 0:
+            pad = Zr[~run.observed] - Zr[run.observed].mean(axis=0)
+            P += prep.pad_tie * (pad.T @ pad)
     return P
 
 

@@ -26,11 +26,15 @@ __all__ = [
     "prepare_rmsrm",
     "default_roughness",
     "second_difference_bands",
+    "pad_tie_weight",
     "ROUGHNESS_TIMESCALE",
+    "PAD_TIE_TIMESCALE",
 ]
 
 # The default roughness penalty: lambda = (ROUGHNESS_TIMESCALE / latent_dt)^3 / s0 (see default_roughness).
 ROUGHNESS_TIMESCALE = 2.0
+# The pad tie (objective.py): rho = (latent_dt / PAD_TIE_TIMESCALE)^4 (see pad_tie_weight).
+PAD_TIE_TIMESCALE = 2.0
 
 
 class Slot(NamedTuple):
@@ -71,12 +75,14 @@ class StreamData(NamedTuple):
 
 
 class RunData(NamedTuple):
-    """Fields: grid (J,); slots; streams; dtd: the three bands (d = 0, 1, 2) of D2^T D2, each (J,) zero-padded."""
+    """Fields: grid (J,); slots; streams; dtd: the three bands (d = 0, 1, 2) of D2^T D2, each (J,) zero-padded;
+    observed: (J,) bool, the grid points inside the run's span [0, T] (the rest is the pad, objective.py)."""
 
     grid: np.ndarray
     slots: tuple[Slot, ...]
     streams: tuple[StreamData, ...]
     dtd: np.ndarray
+    observed: np.ndarray
 
 
 class Prepared(NamedTuple):
@@ -96,6 +102,7 @@ class Prepared(NamedTuple):
         roughness: lambda.
         band_blocks: block bandwidth + 1 of the latent normal equations (largest window, at least 3).
         any_missing: key -> True if the stream has a missing value in some run.
+        pad_tie: rho, the weight of the pad tie relative to the roughness penalty (objective.py).
     """
 
     spec: ModelSpec
@@ -111,6 +118,7 @@ class Prepared(NamedTuple):
     roughness: float
     band_blocks: int
     any_missing: dict
+    pad_tie: float
 
     @property
     def n_factors(self) -> int:
@@ -130,6 +138,17 @@ def default_roughness(spec: ModelSpec, signal: float = 1.0) -> float:
     if not (math.isfinite(signal) and signal > 0):
         raise ValueError(f"signal must be finite and > 0, got {signal!r}")
     return float((ROUGHNESS_TIMESCALE / spec.latent_dt) ** 3 / signal)
+
+
+def pad_tie_weight(spec: ModelSpec) -> float:
+    """rho = (latent_dt / PAD_TIE_TIMESCALE)^4, the pad tie's weight relative to the roughness penalty.
+
+    With rho the penalty on a pad that no observation reaches is ``||D2 z||^2 + rho ||z - m||^2``; its minimiser
+    continues the run's edge as a damped oscillation ``exp(-u / l) cos(u / l)`` with ``l = sqrt(2) rho^(-1/4)``
+    grid steps, i.e. sqrt(2) * PAD_TIE_TIMESCALE seconds whatever the grid step: ``||D2 z||^2 ~ Delta^3 int z''^2``
+    and ``sum z^2 ~ Delta^-1 int z^2``, so their ratio scales as Delta^4.
+    """
+    return float((spec.latent_dt / PAD_TIE_TIMESCALE) ** 4)
 
 
 def second_difference_bands(J: int) -> np.ndarray:
@@ -176,6 +195,7 @@ def prepare_rmsrm(data: Dataset, spec: ModelSpec, roughness: float | None = None
         roughness=lam,
         band_blocks=max([3] + [sl.layout.width for run in runs for sl in run.slots]),
         any_missing=any_missing,
+        pad_tie=pad_tie_weight(spec),
     )
 
 
@@ -244,7 +264,9 @@ def _prepare_run(run, spec: ModelSpec, groups: tuple, group_of: dict) -> RunData
         slots.append(Slot(sig[0], times[sig], layout, tuple(idx), _pair_rows(layout, grid.size), complete))
         slot_of.update((s_i, sl_i) for s_i in idx)
     streams = tuple(StreamData(s.key, slot_of[s_i], *observed[s_i]) for s_i, s in enumerate(run.streams))
-    return RunData(grid=grid, slots=tuple(slots), streams=streams, dtd=second_difference_bands(grid.size))
+    in_span = (grid >= -1e-9) & (grid <= run.duration + 1e-9)
+    return RunData(grid=grid, slots=tuple(slots), streams=streams, dtd=second_difference_bands(grid.size),
+                   observed=in_span)
 
 
 def _feature_totals(keys: tuple, n_features: dict, runs: tuple) -> tuple[dict, dict, dict, dict]:
