@@ -102,7 +102,8 @@ def _panels(lo: float, hi: float, step: float) -> np.ndarray:
 class LatentPath:
     """A K-factor path on ``[t_min, t_max]``, standardised: ``z(t) = (f(t) - mean) / sd`` (see module docstring).
 
-    Subclasses define ``raw(t) -> (n, K)``; ``mean``/``sd`` ((K,)) are set by :meth:`standardised`.
+    Subclasses define ``raw(t) -> (n, K)`` and ``raw_moments(T)``; ``mean``/``sd`` ((K,)) are the raw path's
+    moments over ``[0, T]``, set when a design builds the path. Outside ``[t_min, t_max]`` evaluation is an error.
     """
 
     t_min: float
@@ -232,8 +233,8 @@ class BumpPath(LatentPath):
     slow_phase: np.ndarray = field(default=None)  # (K,)
 
     def _raw(self, t, width):
-        # bumps of sd ``width``, heights scaled by bump_width / width (the Gaussian-smoothed form when width >
-        # bump_width), and the slow sinusoid damped by the caller
+        # (n, K) bumps of sd ``width`` with heights scaled by bump_width / width: the bumps themselves when
+        # width = bump_width, the bumps convolved with N(0, w^2) when width = sqrt(bump_width^2 + w^2)
         out = np.zeros((t.size, self.event_amplitude.shape[1]))
         scale = self.bump_width / width
         for i in range(0, t.size, 20_000):
@@ -398,7 +399,7 @@ def _check_design(d: Design) -> None:
     if d.brain_response not in BRAIN_RESPONSES:
         raise ValueError(f"brain_response must be one of {BRAIN_RESPONSES}, got {d.brain_response!r}")
     for m in ("brain", "rating", "physio"):
-        off, dt = getattr(d, f"{m}_offset"), getattr(d, f"{m}_dt")
+        off = getattr(d, f"{m}_offset")
         if off > d.duration:
             raise ValueError(f"{m}_offset ({off}) must be <= duration ({d.duration})")
 
