@@ -441,11 +441,12 @@ def _fit_mefisto(data, spec, seed, modules):
     ]
     info = {"iterations_max": MEFISTO_ITERATIONS, "convergence_mode": "fast", "clock_s": c, "views": names,
             "groups": groups, "n_factors_returned": int(Z.shape[1])}
-    try:
-        ls = ent.model.nodes["Sigma"].get_ls()
-        info["gp_lengthscales_s"] = [float(v) for v in np.ravel(ls)]
-    except Exception:
-        pass
+    stats = getattr(ent.model, "train_stats", {})
+    if "number_factors" in stats:
+        # entry 0 is the initialisation, then one finite entry per iteration run
+        info["iterations"] = int(np.isfinite(np.asarray(stats["number_factors"], dtype=np.float64)).sum() - 1)
+    if "length_scales" in stats:
+        info["gp_lengthscales_s"] = [float(v) for v in np.ravel(stats["length_scales"])]
     return latents, info
 
 
