@@ -53,6 +53,10 @@ def test_subspace_error_mask_ignores_points_outside():
         rm.subspace_error(z, e[:-1])
     with pytest.raises(ValueError, match="non-finite"):
         rm.subspace_error(z, np.full(50, np.nan))
+    # NaN outside the mask (a peer's undefined edge) is ignored
+    e_nan = e.copy()
+    e_nan[~mask] = np.nan
+    assert rm.subspace_error(z, e_nan, mask) < 1e-12
 
 
 def test_edge_mask():
@@ -126,7 +130,7 @@ def test_band_coverage_of_a_90_percent_band_is_about_90_percent():
         rm.band_coverage(truth, mean + 1, mean - 1)
 
 
-def test_procrustes_band_moves_a_rotated_posterior_exactly():
+def test_aligned_band_moves_a_rotated_posterior_exactly():
     rng = np.random.default_rng(3)
     J, K = 80, 3
     Z = rng.normal(size=(J, K))
@@ -134,22 +138,31 @@ def test_procrustes_band_moves_a_rotated_posterior_exactly():
     D = np.diag([0.1, 0.2, 0.3]) ** 2
     mean = (Z - 1.0) @ Q.T  # the estimate is the truth rotated by Q^T and shifted
     C = np.broadcast_to(Q @ D @ Q.T, (J, K, K))  # its covariance, so that rotating back gives diagonal D
-    band = rm.procrustes_band(Z, mean, cov=C)
+    band = rm.aligned_band(Z, mean, cov=C)
     np.testing.assert_allclose(band["mean"][0], Z, atol=1e-10)
     np.testing.assert_allclose(band["sd"][0], np.broadcast_to([0.1, 0.2, 0.3], (J, K)), atol=1e-10)
-    np.testing.assert_allclose(band["rotation"], Q, atol=1e-10)
+    np.testing.assert_allclose(band["transform"], Q, atol=1e-10)
     assert band["exact_sd"]
     np.testing.assert_allclose(band["upper"][0] - band["lower"][0], 2 * rm.Z90 * band["sd"][0])
     # marginal sds only: exact under a signed permutation
     P = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     sd = np.broadcast_to([0.1, 0.2, 0.3], (J, K)) @ np.abs(P).T
-    approx = rm.procrustes_band(Z, Z @ P.T, sd=sd)
+    approx = rm.aligned_band(Z, Z @ P.T, sd=sd)
     np.testing.assert_allclose(approx["sd"][0], np.broadcast_to([0.1, 0.2, 0.3], (J, K)), atol=1e-10)
     assert not approx["exact_sd"]
+    # an estimate at twice the scale: Procrustes keeps the doubled band, the affine map undoes the scale exactly
+    big = rm.aligned_band(Z, 2 * mean, cov=4 * C)
+    np.testing.assert_allclose(big["sd"][0], 2 * band["sd"][0], atol=1e-10)
+    aff = rm.aligned_band(Z, 2 * mean, cov=4 * C, map="affine")
+    np.testing.assert_allclose(aff["mean"][0], Z, atol=1e-10)
+    np.testing.assert_allclose(aff["sd"][0], band["sd"][0], atol=1e-10)
+    np.testing.assert_allclose(aff["transform"], Q / 2, atol=1e-10)
+    with pytest.raises(ValueError, match="map"):
+        rm.aligned_band(Z, mean, cov=C, map="oblique")
     with pytest.raises(ValueError, match="exactly one"):
-        rm.procrustes_band(Z, mean)
+        rm.aligned_band(Z, mean)
     with pytest.raises(ValueError, match="same K"):
-        rm.procrustes_band(Z, mean[:, :2], sd=sd[:, :2])
+        rm.aligned_band(Z, mean[:, :2], sd=sd[:, :2])
 
 
 def test_interval_coverage_and_central_interval():

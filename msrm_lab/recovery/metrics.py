@@ -8,14 +8,15 @@ and says which:
   estimated factors span the true ones.
 - :func:`aligned_r2` forgives an affine map from the estimate to the truth (least squares with an intercept) and
   scores each true factor separately.
-- :func:`procrustes_band` forgives a rotation or reflection only (orthogonal Procrustes after centring), which is
-  what a posterior band may be moved by without changing its width; the band is then scored by
-  :func:`band_coverage`.
+- :func:`aligned_band` moves a posterior band onto the truth by a rotation or reflection only (orthogonal
+  Procrustes after centring), which keeps the band's width, or by an affine map, which also corrects the scale;
+  the band is then scored by :func:`band_coverage`.
 
 Latents are given per run, each a (J, K) array on the run's latent grid (``msrm.latent_grid``), or as one such
 array. Several runs share their factors, so one map is fitted to the grid points of all runs together (means are
 pooled over runs), as :func:`msrm.align` does. ``mask`` selects the grid points that enter a metric: one (J,) bool
 array per run (:func:`edge_mask` gives the points inside the observed span less an edge margin), or None for all.
+Values outside the mask may be NaN (a peer method leaves grid points beyond its samples undefined).
 
 All arrays are float64; bad input raises ``ValueError`` naming the argument.
 """
@@ -28,7 +29,7 @@ import numpy as np
 
 __all__ = [
     "edge_mask", "subspace_error", "aligned_r2", "response_errors", "flat_response_errors", "best_shift",
-    "procrustes_band", "band_coverage", "interval_coverage", "central_interval", "binomial_sd", "Z90",
+    "aligned_band", "band_coverage", "interval_coverage", "central_interval", "binomial_sd", "Z90",
 ]
 
 # the two-sided 90% standard normal quantile: a 90% band is mean +- Z90 sd
@@ -36,8 +37,9 @@ Z90 = 1.6448536269514722
 
 
 # ----------------------------------------------------------------------------------------------- input handling
-def _runs(x, name: str) -> list[np.ndarray]:
-    """A (J, K) array or a list of them -> list of finite float64 (J_r, K) arrays with one K."""
+def _runs(x, name: str, finite: bool = True) -> list[np.ndarray]:
+    """A (J, K) array or a list of them -> list of float64 (J_r, K) arrays with one K (finite unless
+    ``finite=False``: then the caller checks the points it uses)."""
     items = list(x) if isinstance(x, (list, tuple)) else [x]
     if not items:
         raise ValueError(f"{name}: an empty list of runs")
@@ -48,7 +50,7 @@ def _runs(x, name: str) -> list[np.ndarray]:
             a = a[:, None]
         if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
             raise ValueError(f"{name}[{r}]: expected a (J, K) array, got shape {a.shape}")
-        if not np.isfinite(a).all():
+        if finite and not np.isfinite(a).all():
             raise ValueError(f"{name}[{r}]: contains non-finite values (NaN or inf)")
         out.append(a)
     if len({a.shape[1] for a in out}) != 1:
@@ -75,16 +77,22 @@ def _masks(mask, runs: list[np.ndarray], name: str = "mask") -> list[np.ndarray]
 
 
 def _pair(true, est, mask, true_name="true", est_name="est"):
-    """Stacked masked rows (n, K_true), (n, K_est) of truth and estimate over all runs."""
-    T = _runs(true, true_name)
-    E = _runs(est, est_name)
+    """Stacked masked rows (n, K_true), (n, K_est) of truth and estimate over all runs (values outside the mask
+    may be NaN, e.g. a peer's latents beyond its sampled span; inside it they must be finite)."""
+    T = _runs(true, true_name, finite=False)
+    E = _runs(est, est_name, finite=False)
     if len(T) != len(E):
         raise ValueError(f"{true_name} has {len(T)} runs but {est_name} has {len(E)}")
     for r, (t, e) in enumerate(zip(T, E)):
         if t.shape[0] != e.shape[0]:
             raise ValueError(f"run {r}: {true_name} has {t.shape[0]} grid points but {est_name} has {e.shape[0]}")
     M = _masks(mask, T)
-    return np.concatenate([t[m] for t, m in zip(T, M)]), np.concatenate([e[m] for e, m in zip(E, M)])
+    Zm = np.concatenate([t[m] for t, m in zip(T, M)])
+    Em = np.concatenate([e[m] for e, m in zip(E, M)])
+    for name, a in ((true_name, Zm), (est_name, Em)):
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name}: non-finite values (NaN or inf) at grid points the mask selects")
+    return Zm, Em
 
 
 def _basis(x: np.ndarray, rtol: float = 1e-10) -> np.ndarray:
@@ -252,42 +260,56 @@ def flat_response_errors(errors: dict[str, dict[str, float]]) -> dict[str, float
 
 
 # --------------------------------------------------------------------------------------------- bands, coverage
-def procrustes_band(true, mean, mask=None, *, cov=None, sd=None, z: float = Z90) -> dict[str, Any]:
-    r"""Move a posterior band onto the truth by orthogonal Procrustes and return the moved band.
+def aligned_band(true, mean, mask=None, *, cov=None, sd=None, z: float = Z90, map: str = "procrustes") -> dict[str, Any]:
+    r"""Map a posterior band onto the truth and return the mapped band.
 
-    The rotation (reflections included) ``R = argmin_{R^T R = I} ||(M - m) R - (Z - z)||_F`` is fitted on the
-    selected grid points of all runs (M the posterior mean, Z the truth, m and z their pooled means over those
-    points) and applied to every point: ``M' = (M - m) R + z``. An orthogonal map keeps the band's meaning:
+    The map ``M -> (M - m) A + t`` is fitted on the selected grid points of all runs (M the posterior mean, Z the
+    truth, m and t their pooled means over those points) and applied to every point:
 
-    - with the per-point K x K posterior covariance C_j (``cov``, (J, K, K) per run), the moved marginal sd is
-      exact, ``sd'_j = sqrt(diag(R^T C_j R))``;
-    - with marginal sds only (``sd``) it is approximated by ``sd'_j = sqrt((sd_j^2) (R * R))``, which ignores the
-      posterior correlation between factors at a point (exact when R is a signed permutation or C_j diagonal).
+    - ``map="procrustes"``: A orthogonal (rotations and reflections),
+      ``A = argmin_{A^T A = I} ||(M - m) A - (Z - t)||_F``. It moves the band without changing its width or the
+      scale of the estimate, so the coverage judges the band as the model reports it (up to the rotation no
+      model can identify).
+    - ``map="affine"``: A the least-squares solution of the same problem (any K x K matrix). It also corrects the
+      estimate's scale, so the band is judged after that correction (the difference between the two coverages
+      is the part of a miss that is a scale error).
+
+    The mapped marginal sd:
+
+    - with the per-point K x K posterior covariance C_j (``cov``, (J, K, K) per run), exactly
+      ``sd'_j = sqrt(diag(A^T C_j A))``;
+    - with marginal sds only (``sd``), approximately ``sd'_j^2 = sd_j^2 (A * A)``, which ignores the posterior
+      correlation between factors at a point (exact when A is a signed permutation or C_j diagonal).
 
     Returns:
-        dict with ``mean``, ``sd``, ``lower``, ``upper`` (lists over runs of (J, K)), ``rotation`` (K, K),
-        ``center`` (K,), ``offset`` (K,) and ``exact_sd`` (True when ``cov`` was used).
+        dict with ``mean``, ``sd``, ``lower``, ``upper`` (mean -+ z sd; lists over runs of (J, K)), ``transform``
+        (K, K) A, ``center`` (K,) m, ``offset`` (K,) t, ``map`` and ``exact_sd`` (True when ``cov`` was used).
     """
     from scipy.linalg import orthogonal_procrustes
 
+    if map not in ("procrustes", "affine"):
+        raise ValueError(f"map: expected 'procrustes' or 'affine', got {map!r}")
     T = _runs(true, "true")
     Mn = _runs(mean, "mean")
     if len(T) != len(Mn):
         raise ValueError(f"true has {len(T)} runs but mean has {len(Mn)}")
     for r, (t, m) in enumerate(zip(T, Mn)):
         if t.shape != m.shape:
-            raise ValueError(f"run {r}: true {t.shape} and mean {m.shape} differ (Procrustes needs the same K)")
+            raise ValueError(f"run {r}: true {t.shape} and mean {m.shape} differ (the map needs the same K)")
     if (cov is None) == (sd is None):
-        raise ValueError("procrustes_band: give exactly one of cov (per-point K x K covariances) or sd")
+        raise ValueError("aligned_band: give exactly one of cov (per-point K x K covariances) or sd")
     if not (math.isfinite(z) and z > 0):
         raise ValueError(f"z: expected a positive number, got {z!r}")
     masks = _masks(mask, T)
     Zs = np.concatenate([t[m] for t, m in zip(T, masks)])
     Ms = np.concatenate([e[m] for e, m in zip(Mn, masks)])
     c, o = Ms.mean(axis=0), Zs.mean(axis=0)
-    R, _ = orthogonal_procrustes(Ms - c, Zs - o)
-    K = R.shape[0]
-    new_mean = [(m - c) @ R + o for m in Mn]
+    if map == "procrustes":
+        A, _ = orthogonal_procrustes(Ms - c, Zs - o)
+    else:
+        A, *_ = np.linalg.lstsq(Ms - c, Zs - o, rcond=None)
+    K = A.shape[0]
+    new_mean = [(m - c) @ A + o for m in Mn]
     if cov is not None:
         covs = list(cov) if isinstance(cov, (list, tuple)) else [cov]
         if len(covs) != len(Mn):
@@ -297,7 +319,7 @@ def procrustes_band(true, mean, mask=None, *, cov=None, sd=None, z: float = Z90)
             C = np.asarray(C, dtype=np.float64)
             if C.shape != (m.shape[0], K, K):
                 raise ValueError(f"cov[{r}]: expected shape {(m.shape[0], K, K)}, got {C.shape}")
-            var = np.einsum("ki,jkl,li->ji", R, C, R)  # diag(R^T C_j R) at each point j
+            var = np.einsum("ki,jkl,li->ji", A, C, A)  # diag(A^T C_j A) at each point j
             new_sd.append(np.sqrt(np.maximum(var, 0.0)))
     else:
         sds = _runs(sd, "sd")
@@ -305,11 +327,11 @@ def procrustes_band(true, mean, mask=None, *, cov=None, sd=None, z: float = Z90)
             raise ValueError("sd: expected one (J, K) array per run, shaped like mean")
         if any((s < 0).any() for s in sds):
             raise ValueError("sd: negative standard deviations")
-        new_sd = [np.sqrt((s ** 2) @ (R * R)) for s in sds]
+        new_sd = [np.sqrt((s ** 2) @ (A * A)) for s in sds]
     return {"mean": new_mean, "sd": new_sd,
             "lower": [m - z * s for m, s in zip(new_mean, new_sd)],
             "upper": [m + z * s for m, s in zip(new_mean, new_sd)],
-            "rotation": R, "center": c, "offset": o, "exact_sd": cov is not None}
+            "transform": A, "center": c, "offset": o, "map": map, "exact_sd": cov is not None}
 
 
 def band_coverage(true, lower, upper, mask=None) -> float:
