@@ -76,6 +76,9 @@ _REQUIRES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
 }
 
+# further distributions whose versions a peer's info records (BrainIAK's MPI layer)
+_ALSO_RECORD: dict[str, tuple[str, ...]] = {"srm": ("mpi4py", "mpich")}
+
 # settings of the iterative peers (modest, seeded)
 SRM_ITERATIONS = 50
 MEFISTO_ITERATIONS = 300
@@ -142,6 +145,8 @@ def _import_requirements(name: str):
             return modules, versions, f"import failed: {module} ({dist} {_version(dist)}): {type(exc).__name__}: {exc}"
         except Exception as exc:  # e.g. a missing shared library raising at import
             return modules, versions, f"import failed: {module} ({dist}): {type(exc).__name__}: {exc}"
+        versions[dist] = _version(dist)
+    for dist in _ALSO_RECORD.get(name, ()):
         versions[dist] = _version(dist)
     return modules, versions, None
 

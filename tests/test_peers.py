@@ -156,3 +156,12 @@ def test_fit_error_gives_not_ok(data):
     no_brain = msrm.Dataset([msrm.Run(duration=10.0, streams=(msrm.Stream("p0", "rating", 1.0, np.ones((10, 1))),))])
     res = run_peer("fa_spline", no_brain, SPEC)
     assert not res.ok and "brain" in res.error
+
+
+@pytest.mark.parametrize("name", ["fa_spline", "srm"])
+def test_same_seed_same_latents(name, data):
+    pytest.importorskip(NEEDS[name])
+    a, b = run_peer(name, data, SPEC, seed=4), run_peer(name, data, SPEC, seed=4)
+    assert a.ok and b.ok, (a.error, b.error)
+    np.testing.assert_array_equal(a.latents[0], b.latents[0])
+    assert a.info["seed"] == 4
