@@ -81,6 +81,12 @@ def test_aligned_r2_scaled_copy_and_orthogonal_factor():
     np.testing.assert_allclose(rm.aligned_r2(s, s + c), [0.5], atol=1e-12)
     with pytest.raises(ValueError, match="constant"):
         rm.aligned_r2(np.ones(10), np.arange(10.0))
+    # the affine map itself: 3 s + 1 maps back onto s exactly, NaN outside the mask stays NaN
+    est = np.concatenate([3.0 * s + 1.0, [np.nan]])
+    mask = np.arange(est.size) < s.size
+    fit = rm.align_to_truth(np.concatenate([s, [0.0]]), est, mask)
+    np.testing.assert_allclose(fit["latents"][0][:-1, 0], s, atol=1e-12)
+    assert np.isnan(fit["latents"][0][-1, 0]) and fit["transform"][0, 0] == pytest.approx(1 / 3)
 
 
 def test_best_shift_of_a_sinusoid_gives_the_known_lag():

@@ -28,8 +28,8 @@ from typing import Any, Sequence
 import numpy as np
 
 __all__ = [
-    "edge_mask", "subspace_error", "aligned_r2", "response_errors", "flat_response_errors", "best_shift",
-    "aligned_band", "band_coverage", "interval_coverage", "central_interval", "binomial_sd", "Z90",
+    "edge_mask", "subspace_error", "aligned_r2", "align_to_truth", "response_errors", "flat_response_errors",
+    "best_shift", "aligned_band", "band_coverage", "interval_coverage", "central_interval", "binomial_sd", "Z90",
 ]
 
 # the two-sided 90% standard normal quantile: a 90% band is mean +- Z90 sd
@@ -177,7 +177,8 @@ def aligned_r2(true, est, mask=None) -> np.ndarray:
     return 1.0 - (resid ** 2).sum(axis=0) / sst
 
 
-def best_shift(true, est, grid, mask=None, *, max_shift: float = 10.0, step: float | None = None) -> tuple[float, float]:
+def best_shift(true, est, grid, mask=None, *, max_shift: float = 10.0,
+               step: float | None = None) -> tuple[float, float]:
     r"""The time shift s that best lines the estimate up with the truth, and the subspace error there.
 
     Evaluates the estimate at shifted times, ``E_s(tau) = E(tau + s)`` (linear interpolation on the grid, one
@@ -260,7 +261,39 @@ def flat_response_errors(errors: dict[str, dict[str, float]]) -> dict[str, float
 
 
 # --------------------------------------------------------------------------------------------- bands, coverage
-def aligned_band(true, mean, mask=None, *, cov=None, sd=None, z: float = Z90, map: str = "procrustes") -> dict[str, Any]:
+def align_to_truth(true, est, mask=None, *, map: str = "affine") -> dict[str, Any]:
+    r"""Map an estimate onto the truth: ``E -> (E - m) A + t``, fitted on the selected grid points of all runs.
+
+    m and t are the pooled means of the estimate and the truth over those points; A (K', K) is
+
+    - ``map="affine"``: the least-squares solution of ``min_A ||(E - m) A - (Z - t)||_F`` (any matrix, so K' may
+      differ from K); the map behind :func:`aligned_r2`;
+    - ``map="procrustes"``: the orthogonal A minimising the same norm (rotations and reflections; K' = K).
+
+    Values outside the mask may be NaN (they stay NaN).
+
+    Returns:
+        dict with ``latents`` (list over runs of the mapped (J, K) estimate), ``transform`` A, ``center`` m,
+        ``offset`` t and ``map``.
+    """
+    from scipy.linalg import orthogonal_procrustes
+
+    if map not in ("procrustes", "affine"):
+        raise ValueError(f"map: expected 'procrustes' or 'affine', got {map!r}")
+    Zs, Es = _pair(true, est, mask)
+    E = _runs(est, "est", finite=False)
+    if map == "procrustes" and Zs.shape[1] != Es.shape[1]:
+        raise ValueError(f"est: {Es.shape[1]} factors but true has {Zs.shape[1]} (Procrustes needs the same K)")
+    c, o = Es.mean(axis=0), Zs.mean(axis=0)
+    if map == "procrustes":
+        A, _ = orthogonal_procrustes(Es - c, Zs - o)
+    else:
+        A, *_ = np.linalg.lstsq(Es - c, Zs - o, rcond=None)
+    return {"latents": [(e - c) @ A + o for e in E], "transform": A, "center": c, "offset": o, "map": map}
+
+
+def aligned_band(true, mean, mask=None, *, cov=None, sd=None, z: float = Z90,
+                 map: str = "procrustes") -> dict[str, Any]:
     r"""Map a posterior band onto the truth and return the mapped band.
 
     The map ``M -> (M - m) A + t`` is fitted on the selected grid points of all runs (M the posterior mean, Z the
@@ -285,10 +318,6 @@ def aligned_band(true, mean, mask=None, *, cov=None, sd=None, z: float = Z90, ma
         dict with ``mean``, ``sd``, ``lower``, ``upper`` (mean -+ z sd; lists over runs of (J, K)), ``transform``
         (K, K) A, ``center`` (K,) m, ``offset`` (K,) t, ``map`` and ``exact_sd`` (True when ``cov`` was used).
     """
-    from scipy.linalg import orthogonal_procrustes
-
-    if map not in ("procrustes", "affine"):
-        raise ValueError(f"map: expected 'procrustes' or 'affine', got {map!r}")
     T = _runs(true, "true")
     Mn = _runs(mean, "mean")
     if len(T) != len(Mn):
@@ -300,16 +329,9 @@ def aligned_band(true, mean, mask=None, *, cov=None, sd=None, z: float = Z90, ma
         raise ValueError("aligned_band: give exactly one of cov (per-point K x K covariances) or sd")
     if not (math.isfinite(z) and z > 0):
         raise ValueError(f"z: expected a positive number, got {z!r}")
-    masks = _masks(mask, T)
-    Zs = np.concatenate([t[m] for t, m in zip(T, masks)])
-    Ms = np.concatenate([e[m] for e, m in zip(Mn, masks)])
-    c, o = Ms.mean(axis=0), Zs.mean(axis=0)
-    if map == "procrustes":
-        A, _ = orthogonal_procrustes(Ms - c, Zs - o)
-    else:
-        A, *_ = np.linalg.lstsq(Ms - c, Zs - o, rcond=None)
+    fit = align_to_truth(T, Mn, mask, map=map)
+    A, c, o, new_mean = fit["transform"], fit["center"], fit["offset"], fit["latents"]
     K = A.shape[0]
-    new_mean = [(m - c) @ A + o for m in Mn]
     if cov is not None:
         covs = list(cov) if isinstance(cov, (list, tuple)) else [cov]
         if len(covs) != len(Mn):
