@@ -82,6 +82,9 @@ _ALSO_RECORD: dict[str, tuple[str, ...]] = {"srm": ("mpi4py", "mpich")}
 # settings of the iterative peers (modest, seeded)
 SRM_ITERATIONS = 50
 MEFISTO_ITERATIONS = 300
+# above this many samples (all groups) MEFISTO uses its sparse GP with this many inducing points in all: the
+# dense GP costs O(N^3) per factor and lengthscale grid point
+MEFISTO_MAX_DENSE_SAMPLES = 300
 GPFA_EM_ITERATIONS = 200
 GPFA_SEGMENT_BINS = 50  # EM trains on segments of this many bins (elephant's practice), inference on whole runs
 GPFA_TAU_INIT_BINS = 5.0  # initial GP timescale in bins (elephant's default 100 ms at 20 ms bins)
@@ -142,7 +145,8 @@ def _import_requirements(name: str):
         except ImportError as exc:
             if _version(dist) is None:
                 return modules, versions, f"not installed: {dist} ({INSTALL_HINT})"
-            return modules, versions, f"import failed: {module} ({dist} {_version(dist)}): {type(exc).__name__}: {exc}"
+            reason = f"{type(exc).__name__}: {exc}"
+            return modules, versions, f"import failed: {module} ({dist} {_version(dist)}): {reason}"
         except Exception as exc:  # e.g. a missing shared library raising at import
             return modules, versions, f"import failed: {module} ({dist}): {type(exc).__name__}: {exc}"
         versions[dist] = _version(dist)
@@ -386,7 +390,10 @@ def _fit_mefisto(data, spec, seed, modules):
     c = _mefisto_clock(data, spec)
     K = spec.n_factors
     keys_by_mod = {m: [k for k in data.stream_keys if data.modality_of(k) == m] for m in data.modalities}
-    brain_stack, _ = _stack_brain(data, keys_by_mod["brain"]) if "brain" in keys_by_mod else ([None] * len(data.runs), {})
+    if "brain" in keys_by_mod:
+        brain_stack, _ = _stack_brain(data, keys_by_mod["brain"])
+    else:
+        brain_stack = [(None, None)] * len(data.runs)
     n_feat = data.n_features
     sample_times, views_raw = [], {m: [] for m in keys_by_mod}
     for r, run in enumerate(data.runs):
@@ -431,7 +438,10 @@ def _fit_mefisto(data, spec, seed, modules):
         ent.set_train_options(iter=MEFISTO_ITERATIONS, convergence_mode="fast", seed=int(seed), quiet=True,
                               verbose=False, dropR2=None)
         ent.set_covariates([t[:, None] for t in sample_times], covariates_names="time")
-        ent.set_smooth_options(model_groups=True)
+        n_samples = sum(t.size for t in sample_times)
+        sparse = n_samples > MEFISTO_MAX_DENSE_SAMPLES
+        frac = MEFISTO_MAX_DENSE_SAMPLES / n_samples if sparse else None
+        ent.set_smooth_options(model_groups=True, sparseGP=sparse, frac_inducing=frac)
         ent.build()
         ent.run()
     Z = np.asarray(ent.model.nodes["Z"].getExpectation(), dtype=np.float64)
@@ -445,6 +455,7 @@ def _fit_mefisto(data, spec, seed, modules):
         _to_grid(sample_times[r], scores[r], latent_grid(run.duration, spec), K) for r, run in enumerate(data.runs)
     ]
     info = {"iterations_max": MEFISTO_ITERATIONS, "convergence_mode": "fast", "clock_s": c, "views": names,
+            "n_samples": int(n_samples), "sparse_gp": bool(sparse), "frac_inducing": frac,
             "groups": groups, "n_factors_returned": int(Z.shape[1])}
     stats = getattr(ent.model, "train_stats", {})
     if "number_factors" in stats:
