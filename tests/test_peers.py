@@ -165,3 +165,22 @@ def test_same_seed_same_latents(name, data):
     assert a.ok and b.ok, (a.error, b.error)
     np.testing.assert_array_equal(a.latents[0], b.latents[0])
     assert a.info["seed"] == 4
+
+
+def test_mefisto_without_brain_streams(monkeypatch):
+    pytest.importorskip(NEEDS["mefisto"])
+    monkeypatch.setattr(peers, "MEFISTO_ITERATIONS", 30)
+    t = np.arange(30.0)
+    streams = (msrm.Stream("p0", "rating", 1.0, truth(t)[:, :1]), msrm.Stream("p0", "physio", 0.5,
+               truth(np.arange(60) * 0.5)[:, :1] + 0.01 * np.cos(np.arange(60.0))[:, None]))
+    data = msrm.Dataset([msrm.Run(duration=30.0, streams=streams)])
+    spec = msrm.ModelSpec(n_factors=1, latent_dt=1.0, responses=SPEC.responses)
+    res = run_peer("mefisto", data, spec)
+    assert res.ok, res.error
+    grid = msrm.latent_grid(30.0, spec)
+    inside = (grid >= 0) & (grid <= 29.5)
+    assert res.latents[0].shape == (grid.size, 1) and np.isfinite(res.latents[0][inside]).all()
+    assert res.info["views"] == ["rating", "physio"]
+    # PCA needs brain streams: a reason, not an exception
+    pca = run_peer("pca_spline", data, spec)
+    assert not pca.ok and "brain" in pca.error
