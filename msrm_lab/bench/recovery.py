@@ -1,0 +1,397 @@
+r"""Recovery benchmark (notebook stem ``recovery``): do the models recover latents and responses of data NOT drawn
+from the model, against the methods users pick today?
+
+``recovery_rows(profile)`` builds, for every design and seed of ``SIZES[profile]``, the data of
+``data_synth.designs.make_design(design, seed)`` (continuous-time latent paths seen through continuous-time
+responses, on each stream's own clock), fits every method of the profile and scores it against the truth with
+:mod:`msrm_lab.recovery.metrics`. Methods:
+
+- the peers of :mod:`msrm_lab.peers` (``pca_spline``, ``fa_spline``, ``srm``, ``mefisto``, ``gpfa``), through
+  ``run_peer``; latents only (no responses, no predictive distribution);
+- ``rmsrm``: ``msrm.fit_rmsrm`` (restarts and iterations per profile, one process); latents ``rfit.latents``,
+  responses ``rfit.params.response``;
+- ``gp_map``: ``msrm.GPMSRM(data, spec, linear_algebra="state_space")`` fitted by ``fit_map`` from the R-MSRM
+  fit of the same data and seed (its lags and widths moved just inside their bounds, where a start must lie);
+  latents the posterior mean of ``model.latent_posterior(map.params, cov=True)``;
+- ``nuts`` (designs listed in ``nuts_designs`` only): ``model.sample`` started from that MAP fit; latents the
+  pooled posterior mean over the kept draws of ``post.latent_posterior(thin, cov=True)``.
+
+**The comparison window.** Every latent metric uses the grid points inside the run's observed span less
+``drop`` seconds at each end (``metrics.edge_mask``), where a peer's latents are also defined; near the ends every
+method extrapolates.
+
+**Rows** (``msrm_lab.bench.rows.make_row``, notebook ``recovery``, experiment ``recovery``), each with params
+``profile, design, seed, method, K, n_runs, duration, drop``:
+
+- ``ok`` (1 or 0; param ``error`` holds the reason of a failure or an unavailable peer: the rest still runs) and
+  ``wall_s`` (the fit, s);
+- ``subspace_error`` (:func:`~msrm_lab.recovery.metrics.subspace_error`, forgives any invertible map),
+  ``aligned_r2_min`` and ``aligned_r2_mean`` over the true factors (affine least-squares map);
+- ``abs_error_<modality>_<param>`` for each fitted response parameter with a true value (MSRM methods);
+- ``heldout_r2`` and ``heldout_lpd`` (nats) per ``mask`` (``"time_blocks"``, ``"features"``) from
+  ``msrm.cross_validate(method="rmsrm"|"map")`` on the seeds listed in ``cv_seeds``, with ``cv_wall_s``. Peers
+  get these rows as ``not_yet_measured`` with a ``reason`` (they estimate latents, not a predictive
+  distribution of held-out values);
+- ``band_coverage_90`` (GP-MAP, NUTS): the fraction of true (grid point, factor) values inside the 90% band of the
+  posterior after an orthogonal Procrustes map of the posterior mean onto the truth
+  (:func:`~msrm_lab.recovery.metrics.aligned_band`, exact sd from the per-point K x K covariance), and
+  ``band_coverage_90_affine`` after the affine least-squares map instead (which also corrects the scale: the
+  difference between the two is the part of the miss that is a scale error); ``posterior_wall_s``;
+- NUTS: ``lag_in_interval_90`` per lag (1 if the true lag lies in the central 90% interval of its draws),
+  ``lag_interval_width_90`` (s), ``r_hat_max``, and per design one ``lag_coverage_90`` row over the seeds
+  (:func:`~msrm_lab.recovery.metrics.interval_coverage`).
+
+Band of NUTS: at each kept draw d the conditional posterior of the latents is Gaussian (mean m_d, covariance C_d
+per point); the same Procrustes (or affine) map A, fitted once to the pooled mean, is applied to every draw
+(``m_d A``, ``A^T C_d A``), the draws are pooled by the law of total variance, and the band is the pooled mean
++- 1.645 pooled sd (the normal approximation of the mixture over draws).
+"""
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from ..recovery import metrics as rm
+from .rows import make_row
+
+__all__ = ["NOTEBOOK", "SIZES", "MSRM_METHODS", "recovery_rows", "fit_methods", "map_start"]
+
+NOTEBOOK = "recovery"
+EXPERIMENT = "recovery"
+MSRM_METHODS = ("rmsrm", "gp_map", "nuts")
+# the peers of msrm_lab.peers.PEERS (named here so that this module imports before that one exists)
+_ALL_PEERS = ("pca_spline", "fa_spline", "srm", "mefisto", "gpfa")
+
+SIZES: dict[str, dict[str, Any]] = {
+    # tests: one small design, one seed, the cheapest peer and both MSRM fits with few iterations
+    "smoke": dict(designs=("small",), seeds=(0,), methods=("pca_spline", "rmsrm", "gp_map"),
+                  rmsrm=dict(restarts=1, max_iter=30), map=dict(maxiter=10),
+                  cv=dict(folds=2, masks=("features",), methods=("rmsrm",), rmsrm=dict(restarts=1, max_iter=20),
+                          map=dict(maxiter=5)),
+                  cv_seeds=(0,), nuts=None, nuts_designs=(), drop=8.0, figure=dict(design="small", seed=0)),
+    # make book: two designs, two seeds, every method but NUTS
+    "quick": dict(designs=("baseline", "few_brain"), seeds=(0, 1), methods=_ALL_PEERS + ("rmsrm", "gp_map"),
+                  rmsrm=dict(restarts=2, max_iter=100), map=dict(maxiter=40),
+                  cv=dict(folds=3, masks=("time_blocks", "features"), methods=("rmsrm",),
+                          rmsrm=dict(restarts=1, max_iter=60), map=dict(maxiter=20)),
+                  cv_seeds=(0,), nuts=None, nuts_designs=(), drop=8.0, figure=dict(design="baseline", seed=0)),
+    # the note: every design, five seeds; NUTS on the small design
+    "note": dict(designs=("baseline", "few_brain", "fast_dynamics", "missing_brain", "ou_latents", "bumps_hrf",
+                          "small"),
+                 seeds=(0, 1, 2, 3, 4), methods=_ALL_PEERS + ("rmsrm", "gp_map", "nuts"),
+                 rmsrm=dict(restarts=2, max_iter=100), map=dict(maxiter=60),
+                 cv=dict(folds=3, masks=("time_blocks", "features"), methods=("rmsrm", "map"),
+                         rmsrm=dict(restarts=1, max_iter=60), map=dict(maxiter=30)),
+                 cv_seeds=(0,), nuts=dict(num_warmup=300, num_samples=300, num_chains=1, thin=10),
+                 nuts_designs=("small",), drop=8.0, figure=dict(design="baseline", seed=0)),
+}
+SIZES["full"] = SIZES["note"]
+
+
+# ----------------------------------------------------------------------------------------------------- helpers
+def map_start(params, spec):
+    """R-MSRM parameters as a MAP start: each lag and width moved just inside its bounds (``1e-6`` of the range),
+    because a bounded parameter on its bound has no finite unconstrained value."""
+    response = {}
+    for key, theta in params.response.items():
+        resp = spec.response(str(key).split("/")[-1])
+        moved = {}
+        for name, v in theta.items():
+            lo, hi = resp.bounds[name]
+            eps = 1e-6 * (hi - lo)
+            moved[name] = float(np.clip(v, lo + eps, hi - eps))
+        response[key] = moved
+    return params.replace(response=response)
+
+
+def _masks(data, spec, truth, drop: float) -> list[np.ndarray]:
+    from msrm.spec import latent_grid
+
+    return [rm.edge_mask(latent_grid(run.duration, spec), span, drop)
+            for run, span in zip(data.runs, truth.observed_span)]
+
+
+def _bands(truth_latents, means, covs, masks) -> dict[str, Any]:
+    """Procrustes and affine 90% bands from per-run means and (J, K, K) covariances."""
+    out = {}
+    for kind in ("procrustes", "affine"):
+        out[kind] = rm.aligned_band(truth_latents, means, masks, cov=covs, map=kind)
+    return out
+
+
+def _nuts_bands(truth_latents, lat, masks) -> dict[str, Any]:
+    """NUTS bands (module docstring): one map fitted to the pooled mean, applied to every draw, pooled."""
+    out = {}
+    pooled = [np.asarray(ds["mean"].values) for ds in lat]
+    for kind in ("procrustes", "affine"):
+        fit = rm.aligned_band(truth_latents, pooled, masks, sd=[np.asarray(ds["sd"].values) for ds in lat],
+                              map=kind)  # only its map is used here
+        A, c, o = fit["transform"], fit["center"], fit["offset"]
+        means, sds = [], []
+        for ds in lat:
+            m = np.asarray(ds["draws"].values)            # (chain, draw, J, K)
+            C = np.asarray(ds["draw_cov"].values)          # (chain, draw, J, K, K)
+            m = m.reshape((-1,) + m.shape[2:])
+            C = C.reshape((-1,) + C.shape[2:])
+            am = (m - c) @ A + o                            # each draw's aligned mean
+            av = np.einsum("ki,djkl,li->dji", A, C, A)      # diag(A^T C_d A) per draw and point
+            mean = am.mean(axis=0)
+            var = np.maximum(av, 0.0).mean(axis=0) + am.var(axis=0)
+            means.append(mean)
+            sds.append(np.sqrt(var))
+        out[kind] = {"mean": means, "sd": sds, "lower": [m - rm.Z90 * s for m, s in zip(means, sds)],
+                     "upper": [m + rm.Z90 * s for m, s in zip(means, sds)], "transform": A}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- the methods
+def fit_methods(data, spec, truth, methods, sz: dict, seed: int) -> dict[str, dict]:
+    """Fit every method of ``methods`` on one dataset; a method's failure is recorded, never raised.
+
+    R-MSRM is fitted once and is the start of GP-MAP, whose fit is the start of NUTS (a failed start fails the
+    methods that need it, with the reason).
+
+    Returns:
+        method -> dict with ``ok``, ``error``, ``wall_s`` (that method's own fit), ``latents`` (per run (J, K),
+        NaN allowed outside a peer's span), ``response`` (MSRM methods), ``bands`` ({"procrustes", "affine"} ->
+        :func:`~msrm_lab.recovery.metrics.aligned_band` result, GP methods), ``posterior_wall_s``, and for NUTS
+        ``lags`` ({"modality/param": draws}) and ``r_hat_max``.
+    """
+    import msrm
+
+    masks = _masks(data, spec, truth, sz["drop"])
+    out: dict[str, dict] = {}
+
+    def failure(t0, exc) -> dict:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "wall_s": time.perf_counter() - t0}
+
+    for name in methods:
+        if name not in _ALL_PEERS:
+            continue
+        from msrm_lab.peers import run_peer
+
+        t0 = time.perf_counter()
+        try:
+            res = run_peer(name, data, spec, seed)
+        except Exception as exc:  # noqa: BLE001  (a broken peer must not stop the benchmark)
+            out[name] = failure(t0, exc)
+            continue
+        out[name] = {"ok": bool(res.ok), "error": res.error, "wall_s": float(res.wall_s),
+                     "latents": list(res.latents) if res.ok else None}
+
+    if not any(m in methods for m in MSRM_METHODS):
+        return out
+    t0 = time.perf_counter()
+    rfit = None
+    try:
+        rfit = msrm.fit_rmsrm(data, spec, seed=seed, n_jobs=1, progress=False, **sz["rmsrm"])
+        out["rmsrm"] = {"ok": True, "error": None, "wall_s": time.perf_counter() - t0,
+                        "latents": list(rfit.latents), "response": dict(rfit.params.response)}
+    except Exception as exc:  # noqa: BLE001
+        out["rmsrm"] = failure(t0, exc)
+
+    model = mp = None
+    if "gp_map" in methods or "nuts" in methods:
+        t0 = time.perf_counter()
+        if rfit is None:
+            out["gp_map"] = {**out["rmsrm"], "error": "its R-MSRM start failed: " + out["rmsrm"]["error"]}
+        else:
+            try:
+                msrm.runtime.enable_x64()
+                model = msrm.GPMSRM(data, spec, linear_algebra="state_space")
+                mp = model.fit_map(init=map_start(rfit.params, spec), seed=seed, progress=False, **sz["map"])
+                wall = time.perf_counter() - t0
+                t1 = time.perf_counter()
+                post = model.latent_posterior(mp.params, cov=True)
+                means = [p.mean for p in post]
+                out["gp_map"] = {"ok": True, "error": None, "wall_s": wall, "latents": means,
+                                 "response": dict(mp.params.response),
+                                 "bands": _bands(truth.latents, means, [p.cov for p in post], masks),
+                                 "posterior_wall_s": time.perf_counter() - t1}
+            except Exception as exc:  # noqa: BLE001
+                out["gp_map"] = failure(t0, exc)
+                mp = None
+    if "nuts" in methods:
+        if mp is None:
+            out["nuts"] = {**out["gp_map"], "wall_s": 0.0,
+                           "error": "its MAP start failed: " + str(out["gp_map"]["error"])}
+        else:
+            out["nuts"] = _fit_nuts(model, mp, truth, masks, sz["nuts"], seed)
+    return {m: out[m] for m in methods}
+
+
+def _fit_nuts(model, mp, truth, masks, settings: dict, seed: int) -> dict:
+    t0 = time.perf_counter()
+    try:
+        post = model.sample(num_warmup=settings["num_warmup"], num_samples=settings["num_samples"],
+                            num_chains=settings.get("num_chains", 1), seed=seed, init=mp, progress=False)
+        wall = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        thin = max(1, min(int(settings.get("thin", 10)), settings["num_samples"]))
+        lat = post.latent_posterior(thin=thin, cov=True, progress=False)
+        bands = _nuts_bands(truth.latents, lat, masks)
+        draws = np.asarray(post.draws_u)
+        lags: dict[str, list[float]] = {}
+        for u in draws.reshape(-1, draws.shape[-1]):
+            for key, theta in model.constrain(u).response.items():
+                for pname, v in theta.items():
+                    lags.setdefault(f"{key}/{pname}", []).append(float(v))
+        r_hat = None
+        if post.summary is not None and "r_hat" in post.summary:
+            r = np.asarray(post.summary["r_hat"], dtype=np.float64)
+            r_hat = float(np.nanmax(r)) if np.isfinite(r).any() else None
+        return {"ok": True, "error": None, "wall_s": wall, "latents": bands["procrustes"]["mean"],
+                "latents_raw": [np.asarray(ds["mean"].values) for ds in lat], "bands": bands,
+                "posterior_wall_s": time.perf_counter() - t1, "lags": {k: np.array(v) for k, v in lags.items()},
+                "r_hat_max": r_hat, "response": {}}
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "wall_s": time.perf_counter() - t0}
+
+
+# ------------------------------------------------------------------------------------------------------- rows
+def _cv_rows(data, spec, sz, seed, methods, row) -> list[dict]:
+    """Held-out R^2 and log predictive density per mask for the MSRM methods; peers: not measured, with why."""
+    import msrm
+
+    cv = sz["cv"]
+    rows = []
+    for method in methods:
+        for mask in cv["masks"]:
+            if method in _ALL_PEERS or method == "nuts":
+                reason = ("a peer estimates latents only, with no predictive distribution of held-out values"
+                          if method in _ALL_PEERS else "cross-validation refits every fold; NUTS is not refitted")
+                for metric, unit in (("heldout_r2", "1"), ("heldout_lpd", "nats")):
+                    rows.append(row(metric, None, unit, method=method, mask=mask, status="not_yet_measured",
+                                    reason=reason))
+                continue
+            cv_method = "rmsrm" if method == "rmsrm" else "map"
+            if cv_method not in cv["methods"]:
+                for metric, unit in (("heldout_r2", "1"), ("heldout_lpd", "nats")):
+                    rows.append(row(metric, None, unit, method=method, mask=mask, status="not_yet_measured",
+                                    reason=f"{method} is not cross-validated in this profile"))
+                continue
+            t0 = time.perf_counter()
+            try:
+                if cv_method == "rmsrm":
+                    res = msrm.cross_validate(data, spec, method="rmsrm", folds=cv["folds"], mask=mask, seed=seed,
+                                              n_jobs=1, progress=False, **cv["rmsrm"])
+                else:
+                    msrm.runtime.enable_x64()
+                    res = msrm.cross_validate(data, spec, method="map", folds=cv["folds"], mask=mask, seed=seed,
+                                              model_kwargs=dict(linear_algebra="state_space"), **cv["map"])
+            except Exception as exc:  # noqa: BLE001
+                for metric, unit in (("heldout_r2", "1"), ("heldout_lpd", "nats")):
+                    rows.append(row(metric, None, unit, method=method, mask=mask, status="error",
+                                    error=f"{type(exc).__name__}: {exc}"))
+                continue
+            wall = time.perf_counter() - t0
+            extra = dict(method=method, mask=mask, folds=cv["folds"])
+            rows.append(row("heldout_r2", res.r2, "1", **extra))
+            rows.append(row("heldout_lpd", res.lpd, "nats", **extra))
+            rows.append(row("cv_wall_s", wall, "s", **extra))
+    return rows
+
+
+def _finite_masks(masks, latents):
+    return [m & np.isfinite(z).all(axis=1) for m, z in zip(masks, latents)]
+
+
+def _method_rows(name: str, res: dict, truth, masks, row) -> list[dict]:
+    rows = [row("ok", 1.0 if res["ok"] else 0.0, "1", method=name, error=res.get("error")),
+            row("wall_s", res["wall_s"], "s", method=name)]
+    if not res["ok"]:
+        return rows
+    m = _finite_masks(masks, res["latents"])
+    rows.append(row("subspace_error", rm.subspace_error(truth.latents, res["latents"], m), "1", method=name))
+    r2 = rm.aligned_r2(truth.latents, res["latents"], m)
+    rows.append(row("aligned_r2_min", float(r2.min()), "1", method=name))
+    rows.append(row("aligned_r2_mean", float(r2.mean()), "1", method=name))
+    if res.get("response"):
+        errs = rm.flat_response_errors(rm.response_errors(res["response"], truth.response))
+        for key, v in errs.items():
+            modality, pname = key.rsplit("/", 1)
+            rows.append(row(f"abs_error_{modality.replace('/', '_')}_{pname}", v, "s", method=name,
+                            modality=modality, parameter=pname))
+    if res.get("bands"):
+        for kind, metric in (("procrustes", "band_coverage_90"), ("affine", "band_coverage_90_affine")):
+            b = res["bands"][kind]
+            rows.append(row(metric, rm.band_coverage(truth.latents, b["lower"], b["upper"], masks), "1",
+                            method=name, alignment=kind, exact_sd=True))
+        rows.append(row("posterior_wall_s", res["posterior_wall_s"], "s", method=name))
+    if res.get("lags"):
+        for key, draws in res["lags"].items():
+            modality, pname = key.rsplit("/", 1)
+            true = truth.response.get(modality.split("/")[-1], {}).get(pname)
+            if true is None:
+                continue
+            lo, hi = rm.central_interval(draws, 0.9)
+            rows.append(row("lag_in_interval_90", rm.interval_coverage(true, [lo], [hi]), "1", method=name,
+                            modality=modality, parameter=pname, lower=float(lo), upper=float(hi), true=float(true)))
+            rows.append(row("lag_interval_width_90", float(hi - lo), "s", method=name, modality=modality,
+                            parameter=pname))
+        if res.get("r_hat_max") is not None:
+            rows.append(row("r_hat_max", res["r_hat_max"], "1", method=name))
+    return rows
+
+
+def recovery_rows(profile: str, *, info=None, keep: dict | None = None) -> list[dict]:
+    """Fit and score every (design, seed, method) of ``SIZES[profile]`` (module docstring).
+
+    Args:
+        profile: a key of :data:`SIZES` (``"smoke"``, ``"quick"``, ``"note"``, ``"full"``).
+        info: ``execution_info()`` to attach to every row (computed once if omitted).
+        keep: if a dict, the fitted latents of ``SIZES[profile]["figure"]`` (design, seed) are stored in it:
+            ``keep["truth"]`` (DesignTruth), ``keep["grid"]`` (per run), ``keep["mask"]``, ``keep["fits"]``
+            (method -> the dict of :func:`fit_methods`), for the notebook's figure.
+    Returns:
+        the rows (list of dicts).
+    """
+    if profile not in SIZES:
+        raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
+    sz = SIZES[profile]
+    if info is None:
+        from msrm.runtime import execution_info
+
+        info = execution_info()
+    from data_synth.designs import make_design
+    from msrm.spec import latent_grid
+
+    rows: list[dict] = []
+    lag_hits: dict[tuple, list[float]] = {}
+    for design in sz["designs"]:
+        methods = [m for m in sz["methods"] if m != "nuts" or design in sz["nuts_designs"]]
+        for seed in sz["seeds"]:
+            t0 = time.perf_counter()
+            data, spec, truth = make_design(design, seed)
+            common = dict(profile=profile, design=design, seed=int(seed), K=int(spec.n_factors),
+                          n_runs=len(data.runs), duration=float(data.runs[0].duration), drop=float(sz["drop"]))
+
+            def row(metric, value, unit, *, status="measured", **params):
+                return make_row(NOTEBOOK, EXPERIMENT, metric, value, unit, status=status, info=info,
+                                **{**common, **params})
+
+            masks = _masks(data, spec, truth, sz["drop"])
+            fits = fit_methods(data, spec, truth, methods, sz, int(seed))
+            for name in methods:
+                new = _method_rows(name, fits[name], truth, masks, row)
+                rows.extend(new)
+                for r in new:
+                    if r["metric"] == "lag_in_interval_90":
+                        key = (design, name, r["params"]["modality"], r["params"]["parameter"])
+                        lag_hits.setdefault(key, []).append(r["value"])
+            if seed in sz["cv_seeds"]:
+                rows.extend(_cv_rows(data, spec, sz, int(seed), methods, row))
+            rows.append(row("design_wall_s", time.perf_counter() - t0, "s", method="all"))
+            fig = sz.get("figure") or {}
+            if keep is not None and fig.get("design") == design and fig.get("seed") == seed:
+                keep.update(truth=truth, grid=[latent_grid(r.duration, spec) for r in data.runs], mask=masks,
+                            fits=fits, spec=spec)
+    for (design, name, modality, pname), vals in lag_hits.items():
+        rows.append(make_row(NOTEBOOK, EXPERIMENT, "lag_coverage_90", float(np.mean(vals)), "1", info=info,
+                             profile=profile, design=design, method=name, modality=modality, parameter=pname,
+                             n_seeds=len(vals), binomial_sd=rm.binomial_sd(0.9, len(vals))))
+    return rows

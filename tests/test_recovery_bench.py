@@ -1,0 +1,102 @@
+"""The recovery benchmark (msrm_lab.bench.recovery): the smoke profile end to end, failures kept as rows."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from msrm_lab.bench import recovery as bench
+
+
+def _by(rows, **want):
+    return [r for r in rows if all((r["params"].get(k) if k != "metric" else r["metric"]) == v
+                                   for k, v in want.items())]
+
+
+def _one(rows, **want):
+    found = _by(rows, **want)
+    assert len(found) == 1, (want, found)
+    return found[0]
+
+
+def test_unknown_profile_is_refused():
+    with pytest.raises(ValueError, match="profile"):
+        bench.recovery_rows("huge")
+
+
+def test_map_start_moves_lags_and_widths_inside_their_bounds():
+    import msrm
+
+    spec = msrm.ModelSpec(n_factors=1, latent_dt=1.0, responses={
+        "brain": msrm.Identity(), "rating": msrm.GaussianLag(width=1.0, lag_bounds=(0.0, 6.0)),
+        "physio": msrm.GaussianWidthLag(lag_bounds=(0.0, 6.0), width_bounds=(0.3, 3.0))})
+    W = {"p/brain": np.ones((2, 1)), "p/rating": np.ones((1, 1)), "p/physio": np.ones((1, 1))}
+    params = msrm.Params(loadings=W, intercepts={k: np.zeros(len(w)) for k, w in W.items()},
+                         noise_sd={k: np.ones(len(w)) for k, w in W.items()}, lengthscales=np.array([3.0]),
+                         response={"rating": {"lag": 0.0}, "physio": {"lag": 2.0, "width": 0.3}})
+    moved = bench.map_start(params, spec).response
+    assert moved["rating"]["lag"] == pytest.approx(6e-6) and moved["physio"]["lag"] == 2.0
+    assert moved["physio"]["width"] == pytest.approx(0.3 + 2.7e-6)
+
+
+def test_a_failed_peer_gives_a_row_and_the_rest_runs(monkeypatch):
+    """One peer unavailable, one raising, one working with NaN beyond its span: three rows, no exception."""
+    import msrm_lab.peers as peers
+
+    def fake(name, data, spec, seed=0):
+        import msrm
+
+        if name == "srm":
+            return peers.PeerResult(name, False, "not installed: brainiak", [], 0.0, {})
+        if name == "gpfa":
+            raise RuntimeError("peer crashed")
+        rng = np.random.default_rng(seed)
+        lat = []
+        for run in data.runs:
+            z = rng.normal(size=(msrm.latent_grid(run.duration, spec).size, spec.n_factors))
+            z[:3] = np.nan  # undefined before the first sample, as a peer reports it
+            lat.append(z)
+        return peers.PeerResult(name, True, None, lat, 0.1, {})
+
+    monkeypatch.setattr(peers, "run_peer", fake)
+    monkeypatch.setitem(bench.SIZES, "unit", dict(bench.SIZES["smoke"], methods=("srm", "gpfa", "pca_spline"),
+                                                  cv_seeds=(0,)))
+    rows = bench.recovery_rows("unit", info={})
+    assert _one(rows, metric="ok", method="srm")["value"] == 0.0
+    assert "brainiak" in _one(rows, metric="ok", method="srm")["params"]["error"]
+    gpfa = _one(rows, metric="ok", method="gpfa")
+    assert gpfa["value"] == 0.0 and "peer crashed" in gpfa["params"]["error"]
+    err = _one(rows, metric="subspace_error", method="pca_spline")["value"]
+    assert 0.0 < err <= 1.0  # random latents: far from the truth, but a finite score
+    for r in _by(rows, metric="heldout_r2"):
+        assert r["status"] == "not_yet_measured" and "peer" in r["params"]["reason"]
+    assert not _by(rows, metric="subspace_error", method="srm")
+
+
+@pytest.fixture(scope="module")
+def smoke_rows():
+    keep = {}
+    rows = bench.recovery_rows("smoke", info={}, keep=keep)
+    return rows, keep
+
+
+def test_smoke_profile_end_to_end(smoke_rows):
+    rows, keep = smoke_rows
+    assert {r["notebook"] for r in rows} == {"recovery"}
+    for method in ("rmsrm", "pca_spline", "gp_map"):
+        assert _one(rows, metric="ok", method=method)["value"] == 1.0, method
+        err = _one(rows, metric="subspace_error", method=method)["value"]
+        assert math.isfinite(err) and 0.0 <= err < 0.5, (method, err)  # the small design is easy
+        r2 = _one(rows, metric="aligned_r2_min", method=method)["value"]
+        assert 0.5 < r2 <= 1.0, (method, r2)
+    for metric in ("abs_error_rating_lag", "abs_error_physio_lag", "abs_error_physio_width"):
+        v = _one(rows, metric=metric, method="rmsrm")["value"]
+        assert math.isfinite(v) and v >= 0.0
+    cov = _one(rows, metric="band_coverage_90", method="gp_map")["value"]
+    assert 0.0 <= cov <= 1.0
+    held = [r for r in _by(rows, metric="heldout_r2", method="rmsrm") if r["status"] == "measured"]
+    assert held and all(math.isfinite(r["value"]) for r in held)
+    assert {r["status"] for r in _by(rows, metric="heldout_r2", method="pca_spline")} == {"not_yet_measured"}
+    # the figure's fits are kept, GP-MAP with its band
+    assert keep["truth"].name == "small" and keep["fits"]["gp_map"]["bands"]["procrustes"]["lower"]
