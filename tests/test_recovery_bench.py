@@ -74,6 +74,22 @@ def test_a_failed_peer_gives_a_row_and_the_rest_runs(monkeypatch):
     assert not _by(rows, metric="subspace_error", method="srm")
 
 
+def test_rmsrm_and_pca_give_finite_metrics_on_the_small_design(monkeypatch):
+    """The fast part of the smoke profile (no GP, no cross-validation): both methods scored against the truth."""
+    monkeypatch.setitem(bench.SIZES, "unit", dict(bench.SIZES["smoke"], methods=("pca_spline", "rmsrm"),
+                                                  cv_seeds=()))
+    rows = bench.recovery_rows("unit", info={})
+    for method in ("rmsrm", "pca_spline"):
+        assert _one(rows, metric="ok", method=method)["value"] == 1.0, method
+        err = _one(rows, metric="subspace_error", method=method)["value"]
+        assert math.isfinite(err) and 0.0 <= err < 0.5, (method, err)  # the small design is easy
+        r2 = _one(rows, metric="aligned_r2_mean", method=method)["value"]
+        assert 0.5 < r2 <= 1.0, (method, r2)
+    lag = _one(rows, metric="abs_error_rating_lag", method="rmsrm")
+    assert math.isfinite(lag["value"]) and lag["params"]["modality"] == "rating"
+    assert not _by(rows, metric="abs_error_rating_lag", method="pca_spline")  # a peer has no response
+
+
 @pytest.fixture(scope="module")
 def smoke_rows():
     keep = {}
@@ -81,6 +97,7 @@ def smoke_rows():
     return rows, keep
 
 
+@pytest.mark.slow
 def test_smoke_profile_end_to_end(smoke_rows):
     rows, keep = smoke_rows
     assert {r["notebook"] for r in rows} == {"recovery"}
@@ -100,3 +117,19 @@ def test_smoke_profile_end_to_end(smoke_rows):
     assert {r["status"] for r in _by(rows, metric="heldout_r2", method="pca_spline")} == {"not_yet_measured"}
     # the figure's fits are kept, GP-MAP with its band
     assert keep["truth"].name == "small" and keep["fits"]["gp_map"]["bands"]["procrustes"]["lower"]
+
+
+@pytest.mark.slow
+def test_nuts_rows_on_the_small_design(monkeypatch):
+    """A few NUTS draws on the small design: latent band coverage, lag intervals and their coverage over seeds."""
+    monkeypatch.setitem(bench.SIZES, "unit", dict(bench.SIZES["smoke"], methods=("nuts",), cv_seeds=(),
+                                                  nuts=dict(num_warmup=10, num_samples=10, num_chains=1, thin=5),
+                                                  nuts_designs=("small",)))
+    rows = bench.recovery_rows("unit", info={})
+    assert _one(rows, metric="ok", method="nuts")["value"] == 1.0
+    assert 0.0 <= _one(rows, metric="band_coverage_90", method="nuts")["value"] <= 1.0
+    hits = _by(rows, metric="lag_in_interval_90", method="nuts")
+    assert {r["params"]["modality"] for r in hits} == {"rating", "physio"}
+    assert all(r["value"] in (0.0, 1.0) and r["params"]["lower"] <= r["params"]["upper"] for r in hits)
+    cov = _by(rows, metric="lag_coverage_90", method="nuts")
+    assert len(cov) == len(hits) and all(r["params"]["n_seeds"] == 1 for r in cov)

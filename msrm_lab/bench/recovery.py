@@ -58,7 +58,7 @@ import numpy as np
 from ..recovery import metrics as rm
 from .rows import make_row
 
-__all__ = ["NOTEBOOK", "SIZES", "MSRM_METHODS", "recovery_rows", "fit_methods", "map_start"]
+__all__ = ["NOTEBOOK", "SIZES", "MSRM_METHODS", "recovery_rows", "design_seed_rows", "fit_methods", "map_start"]
 
 NOTEBOOK = "recovery"
 EXPERIMENT = "recovery"
@@ -66,28 +66,37 @@ MSRM_METHODS = ("rmsrm", "gp_map", "nuts")
 # the peers of msrm_lab.peers.PEERS (named here so that this module imports before that one exists)
 _ALL_PEERS = ("pca_spline", "fa_spline", "srm", "mefisto", "gpfa")
 
+# Per profile: designs, seeds, methods; fit settings of R-MSRM (``rmsrm``), GP-MAP (``map``) and NUTS (``nuts``,
+# on ``nuts_designs`` only); ``method_seeds`` restricts a method to some seeds (the costly MEFISTO); the
+# cross-validation (``cv``: folds, masks, which MSRM fits, their settings, ``map_designs`` where the GP-MAP one
+# runs) on ``cv_seeds``; the edge margin ``drop`` (s); the (design, seed) the notebook's figure shows; ``n_jobs``
+# worker processes over (design, seed) pairs.
 SIZES: dict[str, dict[str, Any]] = {
     # tests: one small design, one seed, the cheapest peer and both MSRM fits with few iterations
     "smoke": dict(designs=("small",), seeds=(0,), methods=("pca_spline", "rmsrm", "gp_map"),
-                  rmsrm=dict(restarts=1, max_iter=30), map=dict(maxiter=10),
+                  rmsrm=dict(restarts=1, max_iter=30), map=dict(maxiter=10), nuts=None, nuts_designs=(),
+                  method_seeds={},
                   cv=dict(folds=2, masks=("features",), methods=("rmsrm",), rmsrm=dict(restarts=1, max_iter=20),
-                          map=dict(maxiter=5)),
-                  cv_seeds=(0,), nuts=None, nuts_designs=(), drop=8.0, figure=dict(design="small", seed=0)),
-    # make book: two designs, two seeds, every method but NUTS
+                          map=dict(maxiter=5), map_designs=()),
+                  cv_seeds=(0,), drop=8.0, figure=dict(design="small", seed=0), n_jobs=1),
+    # make book: two designs, two seeds, every method but NUTS (MEFISTO on the first seed)
     "quick": dict(designs=("baseline", "few_brain"), seeds=(0, 1), methods=_ALL_PEERS + ("rmsrm", "gp_map"),
-                  rmsrm=dict(restarts=2, max_iter=100), map=dict(maxiter=40),
-                  cv=dict(folds=3, masks=("time_blocks", "features"), methods=("rmsrm",),
-                          rmsrm=dict(restarts=1, max_iter=60), map=dict(maxiter=20)),
-                  cv_seeds=(0,), nuts=None, nuts_designs=(), drop=8.0, figure=dict(design="baseline", seed=0)),
-    # the note: every design, five seeds; NUTS on the small design
+                  rmsrm=dict(restarts=2, max_iter=100), map=dict(maxiter=60), nuts=None, nuts_designs=(),
+                  method_seeds={"mefisto": (0,)},
+                  cv=dict(folds=3, masks=("features",), methods=("rmsrm",), rmsrm=dict(restarts=1, max_iter=60),
+                          map=dict(maxiter=20), map_designs=()),
+                  cv_seeds=(0,), drop=8.0, figure=dict(design="baseline", seed=0), n_jobs=2),
+    # the note: every design, five seeds; NUTS (300 + 300, one chain) on the small design; MEFISTO and the
+    # cross-validations on the first seed, GP-MAP's cross-validation on the small design
     "note": dict(designs=("baseline", "few_brain", "fast_dynamics", "missing_brain", "ou_latents", "bumps_hrf",
                           "small"),
                  seeds=(0, 1, 2, 3, 4), methods=_ALL_PEERS + ("rmsrm", "gp_map", "nuts"),
-                 rmsrm=dict(restarts=2, max_iter=100), map=dict(maxiter=60),
+                 rmsrm=dict(restarts=2, max_iter=100), map=dict(maxiter=100),
+                 nuts=dict(num_warmup=300, num_samples=300, num_chains=1, thin=10), nuts_designs=("small",),
+                 method_seeds={"mefisto": (0,)},
                  cv=dict(folds=3, masks=("time_blocks", "features"), methods=("rmsrm", "map"),
-                         rmsrm=dict(restarts=1, max_iter=60), map=dict(maxiter=30)),
-                 cv_seeds=(0,), nuts=dict(num_warmup=300, num_samples=300, num_chains=1, thin=10),
-                 nuts_designs=("small",), drop=8.0, figure=dict(design="baseline", seed=0)),
+                         rmsrm=dict(restarts=1, max_iter=60), map=dict(maxiter=30), map_designs=("small",)),
+                 cv_seeds=(0,), drop=8.0, figure=dict(design="baseline", seed=0), n_jobs=2),
 }
 SIZES["full"] = SIZES["note"]
 
@@ -253,7 +262,7 @@ def _fit_nuts(model, mp, truth, masks, settings: dict, seed: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------- rows
-def _cv_rows(data, spec, sz, seed, methods, row) -> list[dict]:
+def _cv_rows(data, spec, sz, design, seed, methods, row) -> list[dict]:
     """Held-out R^2 and log predictive density per mask for the MSRM methods; peers: not measured, with why."""
     import msrm
 
@@ -269,10 +278,10 @@ def _cv_rows(data, spec, sz, seed, methods, row) -> list[dict]:
                                     reason=reason))
                 continue
             cv_method = "rmsrm" if method == "rmsrm" else "map"
-            if cv_method not in cv["methods"]:
+            if cv_method not in cv["methods"] or (cv_method == "map" and design not in cv["map_designs"]):
                 for metric, unit in (("heldout_r2", "1"), ("heldout_lpd", "nats")):
                     rows.append(row(metric, None, unit, method=method, mask=mask, status="not_yet_measured",
-                                    reason=f"{method} is not cross-validated in this profile"))
+                                    reason=f"{method} is not cross-validated on this design in this profile"))
                 continue
             t0 = time.perf_counter()
             try:
@@ -338,58 +347,91 @@ def _method_rows(name: str, res: dict, truth, masks, row) -> list[dict]:
     return rows
 
 
-def recovery_rows(profile: str, *, info=None, keep: dict | None = None) -> list[dict]:
+def design_seed_rows(task: tuple, *, info: dict) -> dict:
+    """The rows of one ``(profile, design, seed, figure)`` task: every method of the profile fitted and scored.
+
+    A module-level function of one task, so that :func:`recovery_rows` can hand (design, seed) pairs to worker
+    processes. Returns ``{"rows": [...], "keep": {...} or None}`` (``keep`` as in :func:`recovery_rows`, when
+    ``figure`` is true; everything in it pickles, so it comes back from a worker).
+    """
+    from data_synth.designs import make_design
+    from msrm.spec import latent_grid
+
+    profile, design, seed, figure = task
+    sz = SIZES[profile]
+    seed = int(seed)
+    t0 = time.perf_counter()
+    data, spec, truth = make_design(design, seed)
+    methods = [m for m in sz["methods"] if m != "nuts" or design in sz["nuts_designs"]]
+    only = sz.get("method_seeds", {})
+    methods = [m for m in methods if m not in only or seed in only[m]]
+    common = dict(profile=profile, design=design, seed=seed, K=int(spec.n_factors), n_runs=len(data.runs),
+                  duration=float(data.runs[0].duration), drop=float(sz["drop"]))
+
+    def row(metric, value, unit, *, status="measured", **params):
+        return make_row(NOTEBOOK, EXPERIMENT, metric, value, unit, status=status, info=info, **{**common, **params})
+
+    masks = _masks(data, spec, truth, sz["drop"])
+    fits = fit_methods(data, spec, truth, methods, sz, seed)
+    rows: list[dict] = []
+    for name in methods:
+        rows.extend(_method_rows(name, fits[name], truth, masks, row))
+    if seed in sz["cv_seeds"]:
+        rows.extend(_cv_rows(data, spec, sz, design, seed, methods, row))
+    rows.append(row("design_wall_s", time.perf_counter() - t0, "s", method="all"))
+    keep = None
+    if figure:
+        keep = dict(truth=truth, grid=[latent_grid(r.duration, spec) for r in data.runs], mask=masks, fits=fits,
+                    spec=spec)
+    return {"rows": rows, "keep": keep}
+
+
+def recovery_rows(profile: str, *, info=None, keep: dict | None = None, n_jobs: int | None = None) -> list[dict]:
     """Fit and score every (design, seed, method) of ``SIZES[profile]`` (module docstring).
 
     Args:
         profile: a key of :data:`SIZES` (``"smoke"``, ``"quick"``, ``"note"``, ``"full"``).
         info: ``execution_info()`` to attach to every row (computed once if omitted).
-        keep: if a dict, the fitted latents of ``SIZES[profile]["figure"]`` (design, seed) are stored in it:
-            ``keep["truth"]`` (DesignTruth), ``keep["grid"]`` (per run), ``keep["mask"]``, ``keep["fits"]``
-            (method -> the dict of :func:`fit_methods`), for the notebook's figure.
+        keep: if a dict, the fits of ``SIZES[profile]["figure"]`` (design, seed) are stored in it:
+            ``keep["truth"]`` (DesignTruth), ``keep["grid"]`` and ``keep["mask"]`` (per run), ``keep["fits"]``
+            (method -> the dict of :func:`fit_methods`), ``keep["spec"]``, for the notebook's figure.
+        n_jobs: worker processes, each fitting whole (design, seed) pairs (``msrm.parallel.run_tasks``, loky);
+            1 runs them one after another in this process; None takes the profile's ``n_jobs`` (default 1).
+            Every fit inside a pair uses one process.
     Returns:
-        the rows (list of dicts).
+        the rows (list of dicts): those of every pair in (design, seed) order, then one ``lag_coverage_90`` row
+        per (design, method, lag) over the seeds where NUTS ran.
     """
     if profile not in SIZES:
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
     sz = SIZES[profile]
+    n_jobs = int(sz.get("n_jobs", 1)) if n_jobs is None else n_jobs
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1:
+        raise ValueError(f"n_jobs must be a positive integer, got {n_jobs!r}")
+    import functools
+
+    from msrm.parallel import run_tasks
+
     if info is None:
         from msrm.runtime import execution_info
 
         info = execution_info()
-    from data_synth.designs import make_design
-    from msrm.spec import latent_grid
-
+    fig = sz.get("figure") or {}
+    tasks = [(profile, d, int(s), keep is not None and (d, s) == (fig.get("design"), fig.get("seed")))
+             for d in sz["designs"] for s in sz["seeds"]]
+    fn = functools.partial(design_seed_rows, info=info)
     rows: list[dict] = []
     lag_hits: dict[tuple, list[float]] = {}
-    for design in sz["designs"]:
-        methods = [m for m in sz["methods"] if m != "nuts" or design in sz["nuts_designs"]]
-        for seed in sz["seeds"]:
-            t0 = time.perf_counter()
-            data, spec, truth = make_design(design, seed)
-            common = dict(profile=profile, design=design, seed=int(seed), K=int(spec.n_factors),
-                          n_runs=len(data.runs), duration=float(data.runs[0].duration), drop=float(sz["drop"]))
-
-            def row(metric, value, unit, *, status="measured", **params):
-                return make_row(NOTEBOOK, EXPERIMENT, metric, value, unit, status=status, info=info,
-                                **{**common, **params})
-
-            masks = _masks(data, spec, truth, sz["drop"])
-            fits = fit_methods(data, spec, truth, methods, sz, int(seed))
-            for name in methods:
-                new = _method_rows(name, fits[name], truth, masks, row)
-                rows.extend(new)
-                for r in new:
-                    if r["metric"] == "lag_in_interval_90":
-                        key = (design, name, r["params"]["modality"], r["params"]["parameter"])
-                        lag_hits.setdefault(key, []).append(r["value"])
-            if seed in sz["cv_seeds"]:
-                rows.extend(_cv_rows(data, spec, sz, int(seed), methods, row))
-            rows.append(row("design_wall_s", time.perf_counter() - t0, "s", method="all"))
-            fig = sz.get("figure") or {}
-            if keep is not None and fig.get("design") == design and fig.get("seed") == seed:
-                keep.update(truth=truth, grid=[latent_grid(r.duration, spec) for r in data.runs], mask=masks,
-                            fits=fits, spec=spec)
+    for res in run_tasks(fn, tasks, n_jobs=n_jobs, backend="sequential" if n_jobs == 1 else "loky"):
+        if res.error is not None:
+            raise RuntimeError(f"recovery task {res.task[:3]} failed:\n{res.error}")
+        if res.value["keep"] is not None:
+            keep.update(res.value["keep"])
+        for r in res.value["rows"]:
+            rows.append(r)
+            if r["metric"] == "lag_in_interval_90":
+                p = r["params"]
+                lag_hits.setdefault((p["design"], p["method"], p["modality"], p["parameter"]), []).append(r["value"])
     for (design, name, modality, pname), vals in lag_hits.items():
         rows.append(make_row(NOTEBOOK, EXPERIMENT, "lag_coverage_90", float(np.mean(vals)), "1", info=info,
                              profile=profile, design=design, method=name, modality=modality, parameter=pname,
