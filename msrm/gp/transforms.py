@@ -30,6 +30,18 @@ the stream's median positive ``sd``, or 1):
 
 :func:`log_prior` is the log prior density of the physical parameters; the model's log density adds the
 log-Jacobian, so ``log_density(u) = log p(y | theta(u)) + log p(theta(u)) + log|d theta / d u|``.
+
+**What the lengthscale prior does.** In ``u = log l`` the log-normal prior plus its Jacobian is the normal
+density ``N(u; log(lengthscale_steps * latent_dt), lengthscale_log_sd^2)``, whose gradient is
+``-(u - loc) / lengthscale_log_sd^2``: under one nat per unit of ``log l`` anywhere within a factor of e^2 of
+the centre. It keeps ``l`` finite where the data say nothing (a factor seen by few samples) and is otherwise
+dominated by the marginal likelihood, which changes by tens to thousands of nats over the same range on
+recordings of a few hundred samples. It is no device to move a fitted lengthscale: when the latents are
+smoother than the kernel (a few sinusoids under a Matérn-3/2 prior) the likelihood itself prefers the short
+lengthscale that gives the kernel's spectrum ``S(w) ~ (2 nu / l^2 + w^2)^-(nu + 1/2)`` enough power at the
+highest frequency present (about a third of the shortest period for Matérn-3/2), although a longer one would
+give a more accurate posterior mean. Compare kernels (``matern52``, ``matern72``) by their log density instead
+of tightening this prior; :func:`msrm.gp.map.lengthscale_profile` shows where the density peaks.
 """
 from __future__ import annotations
 
