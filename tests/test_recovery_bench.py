@@ -128,8 +128,10 @@ def test_nuts_rows_on_the_small_design(monkeypatch):
     rows = bench.recovery_rows("unit", info={})
     assert _one(rows, metric="ok", method="nuts")["value"] == 1.0
     assert 0.0 <= _one(rows, metric="band_coverage_90", method="nuts")["value"] <= 1.0
-    hits = _by(rows, metric="lag_in_interval_90", method="nuts")
+    hits = _by(rows, metric="interval_hit_90", method="nuts")
     assert {r["params"]["modality"] for r in hits} == {"rating", "physio"}
+    assert {r["params"]["parameter"] for r in hits} == {"lag", "width"}
     assert all(r["value"] in (0.0, 1.0) and r["params"]["lower"] <= r["params"]["upper"] for r in hits)
-    cov = _by(rows, metric="lag_coverage_90", method="nuts")
+    assert math.isfinite(_one(rows, metric="abs_error_rating_lag", method="nuts")["value"])
+    cov = _by(rows, metric="interval_coverage_90", method="nuts")
     assert len(cov) == len(hits) and all(r["params"]["n_seeds"] == 1 for r in cov)

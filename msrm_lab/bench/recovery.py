@@ -16,6 +16,10 @@ responses, on each stream's own clock), fits every method of the profile and sco
 - ``nuts`` (designs listed in ``nuts_designs`` only): ``model.sample`` started from that MAP fit; latents the
   pooled posterior mean over the kept draws of ``post.latent_posterior(thin, cov=True)``.
 
+**Sizes.** ``SIZES[profile]`` names the designs, seeds and methods, the fit settings, the seeds a costly method
+is restricted to (``method_seeds``), where the cross-validations run, and ``n_jobs``: (design, seed) pairs are
+independent, so :func:`recovery_rows` can hand them to worker processes (:func:`design_seed_rows` is one pair).
+
 **The comparison window.** Every latent metric uses the grid points inside the run's observed span less
 ``drop`` seconds at each end (``metrics.edge_mask``), where a peer's latents are also defined; near the ends every
 method extrapolates.
@@ -37,9 +41,12 @@ method extrapolates.
   (:func:`~msrm_lab.recovery.metrics.aligned_band`, exact sd from the per-point K x K covariance), and
   ``band_coverage_90_affine`` after the affine least-squares map instead (which also corrects the scale: the
   difference between the two is the part of the miss that is a scale error); ``posterior_wall_s``;
-- NUTS: ``lag_in_interval_90`` per lag (1 if the true lag lies in the central 90% interval of its draws),
-  ``lag_interval_width_90`` (s), ``r_hat_max``, and per design one ``lag_coverage_90`` row over the seeds
-  (:func:`~msrm_lab.recovery.metrics.interval_coverage`).
+- NUTS: per response parameter (lags, and the physiology width) ``interval_hit_90`` (1 if the true value lies
+  in the central 90% interval of its draws, bounds in params ``lower``, ``upper``, ``true``),
+  ``interval_width_90`` (s), ``r_hat_max`` (several chains) and ``ess_bulk_min``; the response errors use the
+  posterior medians; and per (design, parameter) one ``interval_coverage_90`` row over the seeds
+  (:func:`~msrm_lab.recovery.metrics.interval_coverage`, with the binomial sd of a 90% coverage over that many
+  seeds).
 
 Band of NUTS: at each kept draw d the conditional posterior of the latents is Gaussian (mean m_d, covariance C_d
 per point); the same Procrustes (or affine) map A, fitted once to the pooled mean, is applied to every draw
@@ -137,8 +144,7 @@ def _nuts_bands(truth_latents, lat, masks) -> dict[str, Any]:
     out = {}
     pooled = [np.asarray(ds["mean"].values) for ds in lat]
     for kind in ("procrustes", "affine"):
-        fit = rm.aligned_band(truth_latents, pooled, masks, sd=[np.asarray(ds["sd"].values) for ds in lat],
-                              map=kind)  # only its map is used here
+        fit = rm.align_to_truth(truth_latents, pooled, masks, map=kind)
         A, c, o = fit["transform"], fit["center"], fit["offset"]
         means, sds = [], []
         for ds in lat:
@@ -168,7 +174,7 @@ def fit_methods(data, spec, truth, methods, sz: dict, seed: int) -> dict[str, di
         method -> dict with ``ok``, ``error``, ``wall_s`` (that method's own fit), ``latents`` (per run (J, K),
         NaN allowed outside a peer's span), ``response`` (MSRM methods), ``bands`` ({"procrustes", "affine"} ->
         :func:`~msrm_lab.recovery.metrics.aligned_band` result, GP methods), ``posterior_wall_s``, and for NUTS
-        ``lags`` ({"modality/param": draws}) and ``r_hat_max``.
+        ``draws`` ({"modality/param": response parameter draws}) and ``diagnostics`` (r_hat_max, ess_bulk_min).
     """
     import msrm
 
@@ -249,14 +255,19 @@ def _fit_nuts(model, mp, truth, masks, settings: dict, seed: int) -> dict:
             for key, theta in model.constrain(u).response.items():
                 for pname, v in theta.items():
                     lags.setdefault(f"{key}/{pname}", []).append(float(v))
-        r_hat = None
-        if post.summary is not None and "r_hat" in post.summary:
-            r = np.asarray(post.summary["r_hat"], dtype=np.float64)
-            r_hat = float(np.nanmax(r)) if np.isfinite(r).any() else None
-        return {"ok": True, "error": None, "wall_s": wall, "latents": bands["procrustes"]["mean"],
-                "latents_raw": [np.asarray(ds["mean"].values) for ds in lat], "bands": bands,
-                "posterior_wall_s": time.perf_counter() - t1, "lags": {k: np.array(v) for k, v in lags.items()},
-                "r_hat_max": r_hat, "response": {}}
+        diag = {}
+        for col, name, reduce in (("r_hat", "r_hat_max", np.nanmax), ("ess_bulk", "ess_bulk_min", np.nanmin)):
+            if post.summary is not None and col in post.summary:
+                v = np.asarray(post.summary[col], dtype=np.float64)
+                if np.isfinite(v).any():  # one chain has no R-hat
+                    diag[name] = float(reduce(v))
+        response: dict[str, dict[str, float]] = {}
+        for key, v in lags.items():
+            k, pname = key.rsplit("/", 1)
+            response.setdefault(k, {})[pname] = float(np.median(v))
+        return {"ok": True, "error": None, "wall_s": wall, "latents": [np.asarray(ds["mean"].values) for ds in lat],
+                "bands": bands, "posterior_wall_s": time.perf_counter() - t1,
+                "draws": {k: np.array(v) for k, v in lags.items()}, "diagnostics": diag, "response": response}
     except Exception as exc:  # noqa: BLE001
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "wall_s": time.perf_counter() - t0}
 
@@ -331,34 +342,35 @@ def _method_rows(name: str, res: dict, truth, masks, row) -> list[dict]:
             rows.append(row(metric, rm.band_coverage(truth.latents, b["lower"], b["upper"], masks), "1",
                             method=name, alignment=kind, exact_sd=True))
         rows.append(row("posterior_wall_s", res["posterior_wall_s"], "s", method=name))
-    if res.get("lags"):
-        for key, draws in res["lags"].items():
+    if res.get("draws"):
+        for key, draws in res["draws"].items():
             modality, pname = key.rsplit("/", 1)
             true = truth.response.get(modality.split("/")[-1], {}).get(pname)
             if true is None:
                 continue
             lo, hi = rm.central_interval(draws, 0.9)
-            rows.append(row("lag_in_interval_90", rm.interval_coverage(true, [lo], [hi]), "1", method=name,
+            rows.append(row("interval_hit_90", rm.interval_coverage(true, [lo], [hi]), "1", method=name,
                             modality=modality, parameter=pname, lower=float(lo), upper=float(hi), true=float(true)))
-            rows.append(row("lag_interval_width_90", float(hi - lo), "s", method=name, modality=modality,
+            rows.append(row("interval_width_90", float(hi - lo), "s", method=name, modality=modality,
                             parameter=pname))
-        if res.get("r_hat_max") is not None:
-            rows.append(row("r_hat_max", res["r_hat_max"], "1", method=name))
+        for metric, v in res.get("diagnostics", {}).items():
+            rows.append(row(metric, v, "1", method=name))
     return rows
 
 
-def design_seed_rows(task: tuple, *, info: dict) -> dict:
+def design_seed_rows(task: tuple, *, info: dict, sizes: dict | None = None) -> dict:
     """The rows of one ``(profile, design, seed, figure)`` task: every method of the profile fitted and scored.
 
     A module-level function of one task, so that :func:`recovery_rows` can hand (design, seed) pairs to worker
-    processes. Returns ``{"rows": [...], "keep": {...} or None}`` (``keep`` as in :func:`recovery_rows`, when
+    processes; ``sizes`` is the profile's entry of :data:`SIZES` (default ``SIZES[profile]``; passed along so a
+    worker uses the caller's settings). Returns ``{"rows": [...], "keep": {...} or None}`` (``keep`` as in :func:`recovery_rows`, when
     ``figure`` is true; everything in it pickles, so it comes back from a worker).
     """
     from data_synth.designs import make_design
     from msrm.spec import latent_grid
 
     profile, design, seed, figure = task
-    sz = SIZES[profile]
+    sz = SIZES[profile] if sizes is None else sizes
     seed = int(seed)
     t0 = time.perf_counter()
     data, spec, truth = make_design(design, seed)
@@ -399,8 +411,8 @@ def recovery_rows(profile: str, *, info=None, keep: dict | None = None, n_jobs: 
             1 runs them one after another in this process; None takes the profile's ``n_jobs`` (default 1).
             Every fit inside a pair uses one process.
     Returns:
-        the rows (list of dicts): those of every pair in (design, seed) order, then one ``lag_coverage_90`` row
-        per (design, method, lag) over the seeds where NUTS ran.
+        the rows (list of dicts): those of every pair in (design, seed) order, then one ``interval_coverage_90`` row
+        per (design, method, response parameter) over the seeds where NUTS ran.
     """
     if profile not in SIZES:
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
@@ -419,7 +431,7 @@ def recovery_rows(profile: str, *, info=None, keep: dict | None = None, n_jobs: 
     fig = sz.get("figure") or {}
     tasks = [(profile, d, int(s), keep is not None and (d, s) == (fig.get("design"), fig.get("seed")))
              for d in sz["designs"] for s in sz["seeds"]]
-    fn = functools.partial(design_seed_rows, info=info)
+    fn = functools.partial(design_seed_rows, info=info, sizes=sz)
     rows: list[dict] = []
     lag_hits: dict[tuple, list[float]] = {}
     for res in run_tasks(fn, tasks, n_jobs=n_jobs, backend="sequential" if n_jobs == 1 else "loky"):
@@ -429,11 +441,11 @@ def recovery_rows(profile: str, *, info=None, keep: dict | None = None, n_jobs: 
             keep.update(res.value["keep"])
         for r in res.value["rows"]:
             rows.append(r)
-            if r["metric"] == "lag_in_interval_90":
+            if r["metric"] == "interval_hit_90":
                 p = r["params"]
                 lag_hits.setdefault((p["design"], p["method"], p["modality"], p["parameter"]), []).append(r["value"])
     for (design, name, modality, pname), vals in lag_hits.items():
-        rows.append(make_row(NOTEBOOK, EXPERIMENT, "lag_coverage_90", float(np.mean(vals)), "1", info=info,
+        rows.append(make_row(NOTEBOOK, EXPERIMENT, "interval_coverage_90", float(np.mean(vals)), "1", info=info,
                              profile=profile, design=design, method=name, modality=modality, parameter=pname,
                              n_seeds=len(vals), binomial_sd=rm.binomial_sd(0.9, len(vals))))
     return rows
