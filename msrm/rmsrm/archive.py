@@ -42,15 +42,18 @@ class RFit:
         converged: True if the relative decrease fell below tol before max_iter.
         n_iter: iterations run.
         timings: phase -> (n_iter,) seconds per iteration; phases ``PHASES``.
-        restarts: (restarts,) final J of each restart, NaN for a restart that failed.
+        restarts: (restarts,) J of each restart at the end of its joint phase (the restarts share lambda there;
+            the lowest wins), NaN for a restart that failed.
         restart_errors: per restart, the traceback text of its failure or None.
         restart_seeds: per restart, the seed description ``{"seed": s, "restart": i}``.
         execution_info: ``msrm.runtime.execution_info()`` of the process that ran the fit.
         spec: the ModelSpec.
-        roughness: lambda used.
-        settings: the fit's arguments (objective, latent_solver, max_iter, tol, seed, restarts, backend,
-            n_jobs).
+        roughness: lambda of the returned latents (the marginal step's, when there was one).
+        settings: the fit's arguments (objective, latent_solver, response_objective, max_iter, tol, seed,
+            restarts, backend, n_jobs).
         diagnostics: events worth knowing (ridge fallbacks in the latent solve), never silent.
+        marginal: what the marginal step did (theta and lambda before and after it, the criterion, evaluations,
+            seconds; fit.py), or None (``response_objective="joint"``).
     """
 
     latents: list
@@ -68,6 +71,7 @@ class RFit:
     roughness: float
     settings: dict = field(default_factory=dict)
     diagnostics: list = field(default_factory=list)
+    marginal: dict | None = None
 
     @property
     def objective(self) -> float:
@@ -116,6 +120,7 @@ def save_rfit(fit, path) -> None:
         "restart_errors": list(fit.restart_errors),
         "restart_seeds": list(fit.restart_seeds),
         "diagnostics": list(fit.diagnostics),
+        "marginal": fit.marginal,
     }
     arrays["meta"] = np.array(json.dumps(meta, sort_keys=True, default=atomic.json_default))
     atomic.write_npz(path, arrays)
@@ -193,4 +198,5 @@ def load_rfit(path):
         roughness=float(meta["roughness"]),
         settings=dict(meta["settings"]),
         diagnostics=list(meta.get("diagnostics", [])),
+        marginal=meta.get("marginal"),
     )

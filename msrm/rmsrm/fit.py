@@ -5,10 +5,13 @@ Each iteration runs four exact block steps, each of which cannot raise J (object
 1. latent normal equations per run (latent.py), then centring/whitening of Z (convention.py; exact);
 2. loadings + intercepts (loadings.py);
 3. noise variances (closed form);
-4. response parameters by bounded L-BFGS-B (response.py).
+4. response parameters by bounded L-BFGS-B (response.py): by default on the marginal criterion (the latents
+   integrated out under the roughness prior), else on J itself.
 
-The objective after every step is kept in ``step_objectives`` (n_iter, 4). The fit stops when the relative
-decrease of J over an iteration is below ``tol`` (converged) or after ``max_iter`` iterations.
+The objective J after every step is kept in ``step_objectives`` (n_iter, 4). Steps 1 to 3 never raise J; with
+the joint response criterion step 4 does not either, with the marginal one it never raises that criterion (J
+may rise there and falls again at the next latent step). The fit stops when the relative change of J over an
+iteration is below ``tol`` (converged) or after ``max_iter`` iterations.
 """
 from __future__ import annotations
 
@@ -29,17 +32,22 @@ from .loadings import residual_sum_squares, update_loadings, update_noise
 from .objective import (RState, compute_stats, objective_dense, objective_reuse, penalty_metric, roughness_gram,
                         slot_latents)
 from .prepare import Prepared, default_roughness, prepare_rmsrm
-from .response import update_response
+from .response import RESPONSE_OBJECTIVES, update_response, update_response_marginal
 
 __all__ = ["RFit", "RestartResult", "fit_rmsrm", "fit_restart", "restart_tasks", "PHASES", "OBJECTIVES",
-           "LATENT_SOLVERS"]
+           "LATENT_SOLVERS", "RESPONSE_OBJECTIVES"]
 
 OBJECTIVES = ("reuse", "dense")
 LATENT_SOLVERS = ("banded", "superlu")
 
 
 class RestartResult(NamedTuple):
-    """What one restart returns (plain arrays and dicts: cheap to send between processes)."""
+    """What one restart returns (plain arrays and dicts: cheap to send between processes).
+
+    ``selection`` is J at the end of the joint phase (every restart shares lambda there, so restarts compare on
+    it); ``roughness`` the lambda the restart ended with; ``marginal`` what the marginal step did (None without
+    one): theta and lambda before and after, M, criterion evaluations, seconds.
+    """
 
     state: RState
     objective_history: np.ndarray
@@ -48,6 +56,9 @@ class RestartResult(NamedTuple):
     converged: bool
     n_iter: int
     diagnostics: list
+    selection: float = float("nan")
+    roughness: float = float("nan")
+    marginal: dict | None = None
 
 
 def restart_tasks(seed: int, restarts: int) -> list[dict]:
@@ -67,32 +78,51 @@ def _objective(prep: Prepared, state: RState, stats, mode: str) -> float:
 
 
 def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: int, tol: float, objective: str,
-                latent_solver: str, progress: bool = False) -> RestartResult:
-    """Run one restart from its seeded initial point (convention.py) to convergence or max_iter."""
+                latent_solver: str, progress: bool = False, response_objective: str = "marginal") -> RestartResult:
+    """Run one restart from its seeded initial point (convention.py) to convergence or max_iter.
+
+    Joint phase: the four block steps with the joint response step (J minimised). With
+    ``response_objective="marginal"`` one marginal step follows (theta and lambda by the restricted likelihood of
+    the roughness prior at the joint phase's loadings and noise; response.py), then a fixed-response phase: steps
+    1 to 3 with theta and lambda held, to convergence. The marginal step is taken once, not iterated with the
+    loadings and noise steps: those fit the loadings to point estimates of the latents, and alternating them with
+    the marginal step moves a blurring response's width steadily away from the first step's value (the roughness
+    prior's spectrum does not match band-limited latents), so no fixed point of that iteration is a better
+    estimate. ``max_iter`` bounds each phase.
+    """
     state = _initial_state(prep, base_latents, task, objective)
     stats = compute_stats(prep, state)
     history = [_objective(prep, state, stats, objective)]
-    steps = []
+    steps: list = []
     timings = {p: [] for p in PHASES}
     diagnostics: list = []
-    converged = False
     from tqdm.auto import tqdm
 
     bar = tqdm(total=max_iter, desc=f"restart {task['restart']}", disable=not progress, leave=False)
     try:
-        for it in range(max_iter):
-            state, stats, row, t = _iteration(prep, state, stats, objective, latent_solver, diagnostics)
-            for p in PHASES:
-                timings[p].append(t[p])
-            steps.append(row)
-            J_new = row[-1]
-            history.append(J_new)
-            bar.update(1)
-            if not math.isfinite(J_new):
-                raise FloatingPointError(f"objective became non-finite at iteration {it + 1}")
-            if abs(history[-2] - J_new) <= tol * max(abs(J_new), 1.0):
-                converged = True
-                break
+        state, stats, converged = _phase(prep, state, stats, objective, latent_solver, "joint", max_iter, tol,
+                                         history, steps, timings, diagnostics, bar)
+        selection = history[-1]
+        marginal = None
+        if response_objective == "marginal" and (prep.theta_groups or prep.roughness > 0):
+            t0 = time.perf_counter()
+            theta, lam, M, n_eval = update_response_marginal(prep, state, stats, objective, latent_solver,
+                                                             diagnostics)
+            marginal = {"theta_before": {k: dict(v) for k, v in state.theta.items()}, "theta": theta,
+                        "roughness_before": float(prep.roughness), "roughness": float(lam), "criterion": M,
+                        "evaluations": int(n_eval), "seconds": time.perf_counter() - t0}
+            prep = prep._replace(roughness=lam)
+            state = state._replace(theta=theta)
+            stats = compute_stats(prep, state)
+            history.append(_objective(prep, state, stats, objective))
+            n_before = len(steps)
+            marginal["iteration"] = n_before  # step row of the first fixed-response iteration
+            state, stats, converged2 = _phase(prep, state, stats, objective, latent_solver, "fixed", max_iter, tol,
+                                              history, steps, timings, diagnostics, bar)
+            converged = converged and converged2
+            if len(steps) > n_before:
+                timings["response"][n_before] += marginal["seconds"]
+            history.pop(len(history) - (len(steps) - n_before) - 1)  # keep one J per step row
     finally:
         bar.close()
     return RestartResult(
@@ -103,7 +133,29 @@ def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: in
         converged=converged,
         n_iter=len(steps),
         diagnostics=diagnostics,
+        selection=float(selection),
+        roughness=float(prep.roughness),
+        marginal=marginal,
     )
+
+
+def _phase(prep, state, stats, objective, latent_solver, response, max_iter, tol, history, steps, timings,
+           diagnostics, bar):
+    """Iterate :func:`_iteration` until the relative change of J is below tol or max_iter; appends to history,
+    steps and timings in place. Returns (state, stats, converged)."""
+    for it in range(max_iter):
+        state, stats, row, t = _iteration(prep, state, stats, objective, latent_solver, diagnostics, response)
+        for p in PHASES:
+            timings[p].append(t[p])
+        steps.append(row)
+        J_new = row[-1]
+        history.append(J_new)
+        bar.update(1)
+        if not math.isfinite(J_new):
+            raise FloatingPointError(f"objective became non-finite at iteration {len(steps)}")
+        if abs(history[-2] - J_new) <= tol * max(abs(J_new), 1.0):
+            return state, stats, True
+    return state, stats, False
 
 
 def _initial_state(prep: Prepared, base_latents: tuple, task: dict, objective: str) -> RState:
@@ -121,10 +173,13 @@ def _initial_state(prep: Prepared, base_latents: tuple, task: dict, objective: s
     return state._replace(var=update_noise(prep, state, q))
 
 
-def _iteration(prep: Prepared, state: RState, stats, objective: str, latent_solver: str, diagnostics: list):
+def _iteration(prep: Prepared, state: RState, stats, objective: str, latent_solver: str, diagnostics: list,
+               response: str = "joint"):
     """One iteration of the four block steps (module docstring), starting from ``stats`` of ``state``.
 
-    Returns (state, its stats, the four step objectives [latent, loadings, noise, response], seconds per phase).
+    ``response``: ``"joint"`` (the response step minimises J) or ``"fixed"`` (theta held; the step's J is the
+    noise step's). Returns (state, its stats, the four step objectives [latent, loadings, noise, response],
+    seconds per phase).
     Objective evaluations between the steps are booked under "objective", not under the step they follow.
     """
     t = {p: 0.0 for p in PHASES}
@@ -163,8 +218,11 @@ def _iteration(prep: Prepared, state: RState, stats, objective: str, latent_solv
     t7 = time.perf_counter()
     t["objective"] += t7 - t6
     # 4. response parameters
-    theta, J_new, _ = update_response(prep, state, stats, J_noise, objective)
-    state = state._replace(theta=theta)
+    if response == "joint":
+        theta, J_new, _ = update_response(prep, state, stats, J_noise, objective)
+        state = state._replace(theta=theta)
+    else:  # theta held (the fixed-response phase)
+        J_new = J_noise
     row.append(J_new)
     t["response"] += time.perf_counter() - t7
     return state, stats, row, t
@@ -194,7 +252,8 @@ def _feature_objective(prep: Prepared, state: RState, q: dict) -> float:
     return 0.5 * total
 
 
-def _check_args(data, spec, restarts, max_iter, tol, seed, objective, latent_solver, progress, backend, client):
+def _check_args(data, spec, restarts, max_iter, tol, seed, objective, latent_solver, progress, backend, client,
+                response_objective="marginal"):
     """Raise ValueError naming the first argument of :func:`fit_rmsrm` of the wrong type or out of range."""
     from ..parallel import BACKENDS
 
@@ -209,6 +268,8 @@ def _check_args(data, spec, restarts, max_iter, tol, seed, objective, latent_sol
         raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if response_objective not in RESPONSE_OBJECTIVES:
+        raise ValueError(f"response_objective must be one of {RESPONSE_OBJECTIVES}, got {response_objective!r}")
     if latent_solver not in LATENT_SOLVERS:
         raise ValueError(f"latent_solver must be one of {LATENT_SOLVERS}, got {latent_solver!r}")
     if not isinstance(progress, bool):
@@ -233,6 +294,7 @@ def fit_rmsrm(
     latent_solver: str = "banded",
     progress: bool = True,
     client=None,
+    response_objective: str = "marginal",
 ) -> RFit:
     """Fit R-MSRM with independent seeded restarts; the lowest final objective wins.
 
@@ -252,11 +314,15 @@ def fit_rmsrm(
         latent_solver: ``"banded"`` (banded Cholesky) or ``"superlu"`` (sparse LU, the reference).
         progress: tqdm bars over restarts (and iterations when restarts run in this process).
         client: a dask.distributed.Client for ``backend="dask"``.
+        response_objective: ``"marginal"`` (response parameters by the marginal likelihood of the roughness
+            prior, the latents integrated out; response.py) or ``"joint"`` (minimise J jointly with the latents,
+            which lets the latents absorb a response's blur).
 
     Returns:
         RFit. Raises RuntimeError (with every restart's traceback) only if all restarts fail.
     """
-    _check_args(data, spec, restarts, max_iter, tol, seed, objective, latent_solver, progress, backend, client)
+    _check_args(data, spec, restarts, max_iter, tol, seed, objective, latent_solver, progress, backend, client,
+                response_objective)
     from ..parallel import resolve_n_jobs, run_tasks
     from ..runtime import execution_info
 
@@ -269,11 +335,11 @@ def fit_rmsrm(
         backend = "sequential"
     inner = progress and backend == "sequential"
     fn = partial(_restart_task, prep, base, max_iter=max_iter, tol=float(tol), objective=objective,
-                 latent_solver=latent_solver, progress=inner)
+                 latent_solver=latent_solver, progress=inner, response_objective=response_objective)
     tasks = restart_tasks(seed, restarts)
     results = run_tasks(fn, tasks, n_jobs=None if backend == "dask" and n_jobs is None else jobs,
                         backend=backend, client=client, progress=progress, desc="R-MSRM restarts")
-    finals = np.array([r.value.objective_history[-1] if r.ok else np.nan for r in results])
+    finals = np.array([r.value.selection if r.ok else np.nan for r in results])
     errors = [r.error for r in results]
     if not np.isfinite(finals).any():
         raise RuntimeError("every R-MSRM restart failed:\n" + "\n".join(e or "non-finite objective" for e in errors))
@@ -288,7 +354,8 @@ def fit_rmsrm(
         response=state.theta,
     )
     params.validate(data, spec)
-    settings = {"objective": objective, "latent_solver": latent_solver, "max_iter": int(max_iter), "tol": float(tol),
+    settings = {"objective": objective, "latent_solver": latent_solver, "response_objective": response_objective,
+                "max_iter": int(max_iter), "tol": float(tol),
                 "seed": int(seed), "restarts": int(restarts), "backend": backend, "n_jobs": int(jobs)}
     return RFit(
         latents=[np.array(z) for z in state.Z],
@@ -303,9 +370,10 @@ def fit_rmsrm(
         restart_seeds=tasks,
         execution_info=execution_info(),
         spec=spec,
-        roughness=prep.roughness,
+        roughness=best.roughness,
         settings=settings,
         diagnostics=list(best.diagnostics),
+        marginal=best.marginal,
     )
 
 
