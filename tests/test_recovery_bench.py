@@ -74,6 +74,19 @@ def test_a_failed_peer_gives_a_row_and_the_rest_runs(monkeypatch):
     assert not _by(rows, metric="subspace_error", method="srm")
 
 
+def test_a_method_restricted_to_some_seeds_says_so(monkeypatch):
+    import msrm_lab.peers as peers
+
+    monkeypatch.setattr(peers, "run_peer", lambda name, data, spec, seed=0: peers.PeerResult(name, False, "x"))
+    monkeypatch.setitem(bench.SIZES, "unit", dict(bench.SIZES["smoke"], methods=("fa_spline", "mefisto"),
+                                                  seeds=(0, 1), cv_seeds=(), method_seeds={"mefisto": (1,)}))
+    rows = bench.recovery_rows("unit", info={})
+    skip = _one(rows, metric="ok", method="mefisto", seed=0)
+    assert skip["status"] == "not_yet_measured" and "seeds [1]" in skip["params"]["reason"]
+    assert _one(rows, metric="ok", method="mefisto", seed=1)["value"] == 0.0
+    assert len(_by(rows, metric="ok", method="fa_spline")) == 2
+
+
 def test_rmsrm_and_pca_give_finite_metrics_on_the_small_design(monkeypatch):
     """The fast part of the smoke profile (no GP, no cross-validation): both methods scored against the truth."""
     monkeypatch.setitem(bench.SIZES, "unit", dict(bench.SIZES["smoke"], methods=("pca_spline", "rmsrm"),
