@@ -23,7 +23,7 @@ All arrays are float64; bad input raises ``ValueError`` naming the argument.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
