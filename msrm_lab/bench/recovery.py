@@ -55,9 +55,7 @@ per point); the same Procrustes (or affine) map A, fitted once to the pooled mea
 """
 from __future__ import annotations
 
-import math
 import time
-import traceback
 from typing import Any
 
 import numpy as np
