@@ -78,7 +78,8 @@ def _objective(prep: Prepared, state: RState, stats, mode: str) -> float:
 
 
 def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: int, tol: float, objective: str,
-                latent_solver: str, progress: bool = False, response_objective: str = "marginal") -> RestartResult:
+                latent_solver: str, progress: bool = False, response_objective: str = "marginal",
+                marginal_roughness: bool = False) -> RestartResult:
     """Run one restart from its seeded initial point (convention.py) to convergence or max_iter.
 
     Joint phase: the four block steps with the joint response step (J minimised). With
@@ -88,7 +89,9 @@ def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: in
     loadings and noise steps: those fit the loadings to point estimates of the latents, and alternating them with
     the marginal step moves a blurring response's width steadily away from the first step's value (the roughness
     prior's spectrum does not match band-limited latents), so no fixed point of that iteration is a better
-    estimate. ``max_iter`` bounds each phase.
+    estimate. With ``marginal_roughness`` the step chooses lambda as well (the restricted likelihood of the
+    smoothing parameter); otherwise lambda keeps its value: the likelihood's lambda tracks the prior's fit to
+    the latents' spectrum, not how well the point estimate recovers them. ``max_iter`` bounds each phase.
     """
     state = _initial_state(prep, base_latents, task, objective)
     stats = compute_stats(prep, state)
@@ -104,10 +107,10 @@ def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: in
                                          history, steps, timings, diagnostics, bar)
         selection = history[-1]
         marginal = None
-        if response_objective == "marginal" and (prep.theta_groups or prep.roughness > 0):
+        if response_objective == "marginal" and (prep.theta_groups or marginal_roughness):
             t0 = time.perf_counter()
             theta, lam, M, n_eval = update_response_marginal(prep, state, stats, objective, latent_solver,
-                                                             diagnostics)
+                                                             diagnostics, roughness=marginal_roughness)
             marginal = {"theta_before": {k: dict(v) for k, v in state.theta.items()}, "theta": theta,
                         "roughness_before": float(prep.roughness), "roughness": float(lam), "criterion": M,
                         "evaluations": int(n_eval), "seconds": time.perf_counter() - t0}
@@ -289,7 +292,7 @@ def fit_rmsrm(
     seed: int = 0,
     n_jobs: int | None = None,
     backend: str = "loky",
-    roughness: float | None = None,
+    roughness: float | str | None = None,
     objective: str = "reuse",
     latent_solver: str = "banded",
     progress: bool = True,
@@ -309,7 +312,9 @@ def fit_rmsrm(
         backend: ``"loky"`` (local processes), ``"dask"`` (a running dask.distributed Client) or
             ``"sequential"``; see ``msrm.parallel.run_tasks``.
         roughness: lambda; None = ``prepare.default_roughness(spec, initial_signal(...))``:
-            (2 s / latent_dt)^3 divided by the mean noise-weighted signal of the PCA initialisation.
+            (2 s / latent_dt)^3 divided by the mean noise-weighted signal of the PCA initialisation;
+            ``"marginal"``: that default for the joint phase, then chosen with the response parameters by the
+            restricted likelihood in the marginal step (needs ``response_objective="marginal"``).
         objective: ``"reuse"`` (sufficient statistics) or ``"dense"`` (explicit residuals, the reference).
         latent_solver: ``"banded"`` (banded Cholesky) or ``"superlu"`` (sparse LU, the reference).
         progress: tqdm bars over restarts (and iterations when restarts run in this process).
@@ -323,6 +328,11 @@ def fit_rmsrm(
     """
     _check_args(data, spec, restarts, max_iter, tol, seed, objective, latent_solver, progress, backend, client,
                 response_objective)
+    marginal_roughness = isinstance(roughness, str) and roughness == "marginal"
+    if marginal_roughness:
+        if response_objective != "marginal":
+            raise ValueError("roughness='marginal' needs response_objective='marginal'")
+        roughness = None
     from ..parallel import resolve_n_jobs, run_tasks
     from ..runtime import execution_info
 
@@ -335,7 +345,8 @@ def fit_rmsrm(
         backend = "sequential"
     inner = progress and backend == "sequential"
     fn = partial(_restart_task, prep, base, max_iter=max_iter, tol=float(tol), objective=objective,
-                 latent_solver=latent_solver, progress=inner, response_objective=response_objective)
+                 latent_solver=latent_solver, progress=inner, response_objective=response_objective,
+                 marginal_roughness=marginal_roughness)
     tasks = restart_tasks(seed, restarts)
     results = run_tasks(fn, tasks, n_jobs=None if backend == "dask" and n_jobs is None else jobs,
                         backend=backend, client=client, progress=progress, desc="R-MSRM restarts")
@@ -355,6 +366,7 @@ def fit_rmsrm(
     )
     params.validate(data, spec)
     settings = {"objective": objective, "latent_solver": latent_solver, "response_objective": response_objective,
+                "marginal_roughness": marginal_roughness,
                 "max_iter": int(max_iter), "tol": float(tol),
                 "seed": int(seed), "restarts": int(restarts), "backend": backend, "n_jobs": int(jobs)}
     return RFit(
