@@ -110,7 +110,6 @@ def smoke_rows():
     return rows, keep
 
 
-@pytest.mark.slow
 def test_smoke_profile_end_to_end(smoke_rows):
     rows, keep = smoke_rows
     assert {r["notebook"] for r in rows} == {"recovery"}
