@@ -134,18 +134,13 @@ def test_latents_are_centred_and_whitened_over_the_run_and_the_pad_does_not_drif
         assert np.abs(z[~span]).max() <= np.abs(z[span]).max()
 
 
-def _subspace_error(true, est):
-    Z, E = true - true.mean(axis=0), est - est.mean(axis=0)
-    Q, _ = np.linalg.qr(E)
-    return float(np.linalg.norm(Z - Q @ (Q.T @ Z)) / np.linalg.norm(Z))
-
-
 def test_rmsrm_beats_pca_and_spline_where_the_other_modalities_carry_signal():
     """Few, noisy brain features (data not drawn from the model): fusing the ratings and physiology recovers the
     latents far better than PCA of the brain streams with a cubic spline."""
     pytest.importorskip("sklearn")
     from data_synth.designs import make_design
     from msrm_lab.peers import run_peer
+    from msrm_lab.recovery.metrics import subspace_error
 
     data, spec, truth = make_design("few_brain", 0, duration=100.0, latent_dt=1.0)
     grid = msrm.latent_grid(100.0, spec)
@@ -153,8 +148,8 @@ def test_rmsrm_beats_pca_and_spline_where_the_other_modalities_carry_signal():
     fit = msrm.fit_rmsrm(data, spec, restarts=1, max_iter=60, seed=0, n_jobs=1, progress=False)
     pca = run_peer("pca_spline", data, spec, seed=0)
     assert pca.ok, pca.error
-    e_rmsrm = _subspace_error(truth.latents[0][inner], fit.latents[0][inner])
-    e_pca = _subspace_error(truth.latents[0][inner], pca.latents[0][inner])
+    e_rmsrm = subspace_error(truth.latents[0], fit.latents[0], inner)
+    e_pca = subspace_error(truth.latents[0], pca.latents[0], inner)
     assert e_rmsrm < 0.6 * e_pca, (e_rmsrm, e_pca)
 
 

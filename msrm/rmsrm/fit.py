@@ -104,7 +104,7 @@ def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: in
     bar = tqdm(total=max_iter, desc=f"restart {task['restart']}", disable=not progress, leave=False)
     try:
         state, stats, converged = _phase(prep, state, stats, objective, latent_solver, "joint", max_iter, tol,
-                                         history, steps, timings, diagnostics, bar)
+                                         history, steps, timings, diagnostics, bar, history[-1])
         selection = history[-1]
         marginal = None
         if response_objective == "marginal" and (prep.theta_groups or marginal_roughness):
@@ -117,15 +117,15 @@ def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: in
             prep = prep._replace(roughness=lam)
             state = state._replace(theta=theta)
             stats = compute_stats(prep, state)
-            history.append(_objective(prep, state, stats, objective))
             n_before = len(steps)
             marginal["iteration"] = n_before  # step row of the first fixed-response iteration
+            # the first fixed-response iteration is compared with J at the new theta and lambda
             state, stats, converged2 = _phase(prep, state, stats, objective, latent_solver, "fixed", max_iter, tol,
-                                              history, steps, timings, diagnostics, bar)
+                                              history, steps, timings, diagnostics, bar,
+                                              _objective(prep, state, stats, objective))
             converged = converged and converged2
             if len(steps) > n_before:
                 timings["response"][n_before] += marginal["seconds"]
-            history.pop(len(history) - (len(steps) - n_before) - 1)  # keep one J per step row
     finally:
         bar.close()
     return RestartResult(
@@ -143,7 +143,7 @@ def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: in
 
 
 def _phase(prep, state, stats, objective, latent_solver, response, max_iter, tol, history, steps, timings,
-           diagnostics, bar):
+           diagnostics, bar, J_prev: float):
     """Iterate :func:`_iteration` until the relative change of J is below tol or max_iter; appends to history,
     steps and timings in place. Returns (state, stats, converged)."""
     for it in range(max_iter):
@@ -156,8 +156,9 @@ def _phase(prep, state, stats, objective, latent_solver, response, max_iter, tol
         bar.update(1)
         if not math.isfinite(J_new):
             raise FloatingPointError(f"objective became non-finite at iteration {len(steps)}")
-        if abs(history[-2] - J_new) <= tol * max(abs(J_new), 1.0):
+        if abs(J_prev - J_new) <= tol * max(abs(J_new), 1.0):
             return state, stats, True
+        J_prev = J_new
     return state, stats, False
 
 
