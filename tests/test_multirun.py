@@ -58,7 +58,8 @@ def _compare(data, spec, params, la="grouped", ref=None, **kwargs):
     return ref, batched
 
 
-@pytest.mark.parametrize("n_pieces", [2, 4])
+# four pieces trace and compile the same stack as two; it runs with the slow tests
+@pytest.mark.parametrize("n_pieces", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_runs_cut_from_one_recording_equal_the_loop_and_trace_once(n_pieces):
     data, truth = _long()
     data = msrm.Dataset(split_run(data.runs[0], n_pieces))
@@ -92,6 +93,7 @@ def test_compiled_graph_does_not_grow_with_equal_runs():
     assert lines[("loop", 4)] > 1.5 * lines[("loop", 2)]
 
 
+@pytest.mark.slow  # four runs in three stacks, each compiled twice (two pad tolerances)
 def test_runs_of_different_structure_form_separate_stacks():
     """A run without one stream, a run twice as long and two equal runs: three stacks, returned in run order."""
     data, truth = data_synth.synthetic_dataset("tiny", n_features=3, seed=4, n_runs=3, missing_fraction=0.1,
@@ -108,6 +110,7 @@ def test_runs_of_different_structure_form_separate_stacks():
     assert sorted(tuple(s["runs"]) for s in exact.run_stacks) == [(0, 3), (1,), (2,)]
 
 
+@pytest.mark.slow  # compiles the dense backend as well as grouped, about a minute on two cores
 def test_dense_backend_and_missing_structure_promotion():
     """Dense (ungrouped) table; one piece with missing values stacked with one without (mask of ones)."""
     data, truth = _long(seed=2, missing=0.0, scale=2.0)
