@@ -110,7 +110,7 @@ def test_runs_of_different_structure_form_separate_stacks():
     assert sorted(tuple(s["runs"]) for s in exact.run_stacks) == [(0, 3), (1,), (2,)]
 
 
-@pytest.mark.slow  # compiles the dense backend as well as grouped, about a minute on two cores
+@pytest.mark.slow  # compiles the dense backend as well as grouped
 def test_dense_backend_and_missing_structure_promotion():
     """Dense (ungrouped) table; one piece with missing values stacked with one without (mask of ones)."""
     data, truth = _long(seed=2, missing=0.0, scale=2.0)
