@@ -46,7 +46,7 @@ class RestartResult(NamedTuple):
 
     ``selection`` is J at the end of the joint phase (every restart shares lambda there, so restarts compare on
     it); ``roughness`` the lambda the restart ended with; ``marginal`` what the marginal step did (None without
-    one): theta and lambda before and after, M, criterion evaluations, seconds.
+    one): theta and lambda before and after, M, latent factorizations per run (``evaluations``), seconds.
     """
 
     state: RState

@@ -14,8 +14,9 @@ parameters. Minimising J jointly in Z and theta is biased for a response that bl
 sharper theta lets the latents take the blurred shape themselves, which the roughness penalty prefers, so the
 width runs to its lower bound; the log-determinant is the Occam factor that removes this. One evaluation of M is
 one latent step (banded Cholesky) per run; its gradient is ``dJ/dtheta`` and ``dJ/dlog lambda = lambda/2 tr(P S)``
-at ``Z*`` (the envelope theorem: analytic) plus central differences of the log-determinant (one-sided at a
-bound). All parameters are optimised together, because Z* couples them. A result that does not lower M is
+at ``Z*`` (the envelope theorem: analytic) plus the gradient of the log-determinant: analytic for the banded
+solver (logdet.py: one selected inverse of each H_r), central differences (one-sided at a bound) for the SuperLU
+reference. All parameters are optimised together, because Z* couples them. A result that does not lower M is
 discarded. ``fit.py`` takes this step once, from the converged joint fit (its docstring says why).
 
 ``"joint"`` minimises J itself with Z fixed. J is separable over response groups (a group's theta moves only the
@@ -140,12 +141,15 @@ LOG_ROUGHNESS_RANGE = float(np.log(1e4))
 def marginal_value_and_grad(prep: Prepared, state: RState, stats: Stats, x: np.ndarray, roughness: bool = True,
                             mode: str = "reuse", solver: str = "banded", diagnostics: list | None = None):
     """M and its gradient at ``x`` = the response parameters in ``_theta_layout`` order, then log lambda when
-    ``roughness`` (module docstring: analytic envelope terms plus central differences of the log-determinant).
+    ``roughness`` (module docstring: analytic envelope terms; the log-determinant's gradient analytic for
+    ``solver="banded"``, central differences for ``"superlu"``).
 
     Returns:
-        (M, gradient (x.size,), criterion evaluations used).
+        (M, gradient (x.size,), latent factorizations used per run: 2 for the banded solver (the criterion and
+        the selected inverse), else 1 + 2 x.size).
     """
     from .latent import solve_latents_logdet
+    from .logdet import logdet_gradient
     from .objective import roughness_gram
 
     layout = _theta_layout(prep)
@@ -171,6 +175,9 @@ def marginal_value_and_grad(prep: Prepared, state: RState, stats: Stats, x: np.n
         grad[idx] += gJ
     if roughness:
         grad[n_theta] = 0.5 * lam * float(np.sum(roughness_gram(p, Z) * stats.S)) - 0.5 * prior_rank(prep)
+    if solver == "banded":
+        grad += logdet_gradient(p, st, stats, layout, roughness)
+        return M, grad, 2
     for i, (lo, hi) in enumerate(bounds):
         h = LOGDET_STEP * (hi - lo)
         up, down = min(x[i] + h, hi), max(x[i] - h, lo)
@@ -200,7 +207,7 @@ def update_response_marginal(prep: Prepared, state: RState, stats: Stats, mode: 
     """One L-BFGS-B solve of M over every response parameter and, if ``roughness``, log lambda (module docstring).
 
     Returns:
-        (theta, lambda, M at them, criterion evaluations used).
+        (theta, lambda, M at them, latent factorizations used per run).
     """
     layout = _theta_layout(prep)
     lam0 = float(prep.roughness)
