@@ -23,10 +23,12 @@ For draws ``x`` of one parameter, shape (C chains, D draws), with ``h = D // 2``
 The numbers are exact (float64 throughout) and tested against ArviZ itself. They are computed by
 :mod:`msrm.diagnostics_kernels` in one compiled pass per parameter: a bucket sort of the split draws finished by
 exact comparisons, a linear merge for the folded ranks, and autocovariances summed lag by lag only as far as
-Geyer's sequence runs. The rare variable whose sequence runs past a few dozen lags is handed back with its centred
-rows; its autocovariances at every lag come from one full-length real FFT per row (:func:`_mean_acov`) and Geyer's
-truncation from whole-array arithmetic (:func:`_geyer`). Blocks of at most 64 parameters run on a thread pool (the
-kernels release the GIL), each thread re-using its buffers from block to block.
+Geyer's sequence runs. A variable whose sequence runs past a few dozen lags (slowly mixing chains), or whose first
+four lags show that it will, is handed back with its centred rows, two real rows to one zero-padded complex row;
+its lag sums at every lag come from one complex FFT per pair of rows and one inverse real FFT per variable
+(:func:`_long_ess`), so its cost does not grow with the length of the sequence. Blocks of at most 64 parameters
+run on a thread pool (the kernels and the FFTs release the GIL), each thread re-using its buffers from block to
+block.
 
 Numba is required (the ``bayes`` extra); it is imported, and the kernels compiled or loaded from Numba's cache, on
 the first call rather than on import.
@@ -94,66 +96,34 @@ def _z_table(n: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------- long ESS
 
-
-def _full_fft_len(n: int) -> int:
-    """A fast real-FFT length ``>= 2n - 1``: zero padding to it leaves no wrapped terms in any lag ``0..n-1``."""
-    return _fft.next_fast_len(2 * n - 1, real=True)
+_FFT_BATCH = 32  # long variables per FFT call: their (32, C, m) complex rows stay near the CPU caches
 
 
-def _mean_acov(c: np.ndarray, m: int) -> np.ndarray:
-    """Chain-averaged autocovariance ``mean_r acov_r(t)`` of centred rows ``c`` (..., R, n), FFT length ``m``.
+def _fft_len(h: int) -> int:
+    """A fast complex-FFT length ``>= 2h - 1``: zero padding to it leaves no wrapped terms in any lag ``0..h-1``."""
+    return _fft.next_fast_len(2 * h - 1, real=False)
 
-    Returns (..., min(n, m - n + 1)): lags ``0..m-n`` are exact (every lag when ``m >= 2n - 1``).
-    ``acov_r(t) = (1/n) sum_i c_ri c_r,i+t`` (``arviz.stats.diagnostics._autocov`` after centring). The chain
-    average is taken on the power spectrum, so there is one inverse transform per variable, not per row.
+
+def _long_ess(rows: np.ndarray, cmv: np.ndarray, R: int, h: int, store: dict | None) -> np.ndarray:
+    """ESS of the variables whose Geyer sequence runs long, from every lag at once.
+
+    ``rows`` (n, R/2, m): each variable's centred split rows two to a complex row, zero-padded to ``m >= 2h - 1``
+    (overwritten); ``cmv`` (n,) the variance of its row means. One in-place complex FFT per pair of rows; the
+    summed power spectra of the real rows (:func:`msrm.diagnostics_kernels.pair_power`) give, by one inverse real
+    FFT per variable, its lag sums ``sum_r sum_i c_ri c_r,i+t`` at every lag, exact for ``t <= m - h``; Geyer's
+    sequence then runs on them as on the directly summed lags.
     """
-    *lead, R, n = c.shape
-    buf = np.empty((*lead, R, m))
-    buf[..., :n] = c
-    buf[..., n:] = 0.0
-    lags = min(n, m - n + 1)
-    f = _fft.rfft(buf, axis=-1, workers=1)
-    fv = f.view(np.float64)  # (re, im) pairs: |F|^2 = re^2 + im^2, squared in place
-    np.square(fv, out=fv)
-    pairs = fv.sum(axis=-2)  # sum over rows first
-    power = pairs[..., 0::2] + pairs[..., 1::2]
-    power *= 1.0 / (R * n)
-    return _fft.irfft(power, n=m, axis=-1, workers=1)[..., :lags]
-
-
-def _geyer(acov: np.ndarray, chain_mean_var: np.ndarray, n: int, total: int) -> np.ndarray:
-    """Geyer's initial monotone sequence on chain-averaged autocovariances ``acov`` (K, n), every lag ``0..n-1``.
-
-    ``chain_mean_var`` (K,) is ``var(chain means, ddof=1)`` (0 for one chain); ``n >= 2``. Returns the ESS (K,).
-    ``rho_t = 1 - (W - acov(t)) / var_plus`` with ``W = acov(0) n/(n-1)`` and ``var_plus = acov(0) +
-    chain_mean_var``; pair sums ``S_j = rho_2j + rho_2j+1``; the positive sequence stops at the first ``J`` with
-    ``S_J <= 0`` (or at ``J = (n - 3) // 2``); ``tau = -1 + 2 sum_{j<J} min(S_0..S_j) + rho_2J`` (the last term
-    only when ``S_J >= 0`` or ``rho_2J > 0``, and 1 for ``J = 0``), ``ess = total / max(tau, 1 / log10(total))``.
-    The stopping pair, the running minimum and the sums are whole-array operations over all rows.
-    """
-    K, L = acov.shape
-    mean_var = acov[:, 0] * n / (n - 1.0)
-    var_plus = mean_var * (n - 1.0) / n + chain_mean_var
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rho = 1.0 - (mean_var[:, None] - acov) / var_plus[:, None]
-    rho[:, 0] = 1.0
-    jm = max(0, (n - 3) // 2)  # ArviZ's loop over pairs runs while 2 j + 1 < n - 3
-    npair = min(jm + 1, L // 2)  # pairs whose both lags exist: jm + 1 of them, as L = n >= 2
-    S = rho[:, 0 : 2 * npair : 2] + rho[:, 1 : 2 * npair : 2]
-    stop = ~(S[:, : min(npair, jm)] > 0)
-    stop = np.concatenate([stop, np.ones((K, 1), bool)], axis=1)
-    J = np.minimum(np.argmax(stop, axis=1), jm)
-    J = np.minimum(J, npair - 1)
-    cm = np.minimum.accumulate(S, axis=1)
-    cm[np.arange(cm.shape[1])[None, :] >= J[:, None]] = 0.0
-    head = cm.sum(axis=1)
-    s_last = S[np.arange(K), J]
-    rho_even = rho[np.arange(K), 2 * J]
-    last = np.where(J == 0, 1.0, np.where((s_last >= 0) | (rho_even > 0), rho_even, 0.0))
-    tau = np.maximum(-1.0 + 2.0 * head + last, 1.0 / np.log10(total))
-    ess = total / tau
-    ess[~np.isfinite(rho[:, 1])] = np.nan
-    return ess
+    K = _kernels()
+    n, _, m = rows.shape
+    out = np.empty(n)
+    for k0 in range(0, n, _FFT_BATCH):
+        k1 = min(n, k0 + _FFT_BATCH)
+        f = _fft.fft(rows[k0:k1], axis=-1, overwrite_x=True, workers=1)
+        power = _scratch(store, "fft_power", (k1 - k0, m // 2 + 1))
+        K.pair_power(f, power)
+        acov = _fft.irfft(power, n=m, axis=-1, workers=1)
+        K.geyer_rows(acov, cmv[k0:k1], R, h, out[k0:k1])
+    return out
 
 
 # --------------------------------------------------------------------------------------------- one block
@@ -205,16 +175,16 @@ def _diagnose_block(x: np.ndarray, store: dict | None = None) -> dict[str, np.nd
     R = 2 * C
     stats = _scratch(store, "k_stats", (P, K.N_STATS))
     ess = _scratch(store, "k_ess", (P, K.N_VARS))
-    pending = _scratch(store, "k_pending", (P, K.N_VARS), np.bool_)
+    pending = _scratch(store, "k_pending", (P, K.N_VARS), np.int8)
     finite = _scratch(store, "k_finite", (P,), np.bool_)
-    pending_rows = _scratch(store, "k_pending_rows", (P * K.N_VARS, R, h))  # touched only for pending variables
-    pending_means = _scratch(store, "k_pending_means", (P * K.N_VARS, R))
+    # touched only for pending variables
+    pending_rows = _scratch(store, "k_pending_rows", (P * K.N_VARS, C, _fft_len(h)), np.complex128)
+    pending_cmv = _scratch(store, "k_pending_cmv", (P * K.N_VARS,))
     n_pending = K.diagnose_block(x, _z_table(R * h), _TAIL_PROBS, stats, ess, pending, pending_rows,
-                                 pending_means, finite)
-    if n_pending:  # long autocorrelations: every lag from one full-length FFT per row
-        rows = pending_rows[:n_pending]
-        cmv = np.var(pending_means[:n_pending], axis=1, ddof=1) if R > 1 else np.zeros(n_pending)
-        ess[pending] = _geyer(_mean_acov(rows, _full_fft_len(h)), cmv, h, R * h)  # row-major = kernel's order
+                                 pending_cmv, finite)
+    if n_pending:  # long autocorrelations: every lag from FFTs
+        # the kernel's (parameter, variable) order is the row-major order of the mask
+        ess[pending != 0] = _long_ess(pending_rows[:n_pending], pending_cmv[:n_pending], R, h, store)
 
     out = {name: np.full(P, np.nan) for name in COLUMNS}
     ok = finite

@@ -6,8 +6,9 @@ parameters of a block: the exact order of its split draws (a bucket sort finishe
 normal scores of the draws and of the folded draws (a linear merge of the two sorted halves around the median),
 the type-7 quantiles, the R-hat moments, the five ESS variables centred per split chain, and Geyer's initial
 monotone sequence on autocovariances computed lag by lag (direct sums) for as long as the sequence runs. A
-variable whose sequence runs past :data:`MAX_DIRECT_LAG` lags is handed back with its centred rows for the FFT
-path of :mod:`msrm.diagnostics`, so every result is exact whatever the autocorrelation.
+variable whose sequence runs past :data:`MAX_DIRECT_LAG` lags, or is foreseen to from its first four lags, is
+handed back with its centred rows for the FFT path of :mod:`msrm.diagnostics` (:func:`pair_power` and
+:func:`geyer_rows` finish it), so every result is exact whatever the autocorrelation.
 
 It needs Numba (the ``bayes`` extra); :mod:`msrm.diagnostics` imports it on its first call. The kernels release
 the GIL, so blocks run concurrently on a thread pool.
@@ -17,10 +18,13 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-__all__ = ["MAX_DIRECT_LAG", "gather_block", "diagnose_block"]
+__all__ = ["MAX_DIRECT_LAG", "LONG_RHO", "gather_block", "diagnose_block", "pair_power", "geyer_rows"]
 
 #: Direct autocovariance sums stop here: past it, one FFT per row costs less than further lags.
 MAX_DIRECT_LAG = 48
+#: A variable whose lag-1 and lag-3 autocorrelations, extrapolated, exceed this at MAX_DIRECT_LAG goes to the FFT
+#: without direct sums (a guess that decides only the speed).
+LONG_RHO = 0.1
 _INSERTION_MAX = 24  # buckets up to this size are finished by insertion sort, larger ones by np.argsort
 _RESOLUTION = np.finfo(np.float64).resolution
 
@@ -284,17 +288,16 @@ def _lag_sums4(c, R, h, t, out):
 
 
 @nb.njit(**_opts)
-def _geyer_direct(c, R, h, cmv, rho, acov):
-    """ArviZ's ``_ess`` on centred rows ``c`` (R rows of h) with autocovariances summed directly, four lags at a
-    time and only as far as Geyer's sequence runs.
+def _geyer(c, R, h, cmv, rho, acov, done, limit):
+    """ArviZ's ``_ess`` from lag sums ``acov[t] = sum_r sum_i c[r, i] c[r, i + t]`` of centred rows ``c`` (R rows
+    of h): Geyer's initial monotone sequence.
 
-    ``cmv``: variance of the R row means (ddof 1; 0 for one row). ``rho`` (h,) and ``acov``
-    (:data:`MAX_DIRECT_LAG` + 4,) scratch. Returns the ESS, or -1.0 when the sequence needs a lag past
-    :data:`MAX_DIRECT_LAG` (the caller takes the FFT path).
+    ``acov`` holds ``done`` valid lags; while the sequence needs more and ``done < limit``, four more lags are
+    summed directly from ``c`` (``acov`` must have room for ``limit + 4`` entries). Called with every lag already
+    in ``acov`` (``done >= h``), ``c`` is not read. ``cmv``: variance of the R row means (ddof 1; 0 for one row);
+    ``rho`` (h,) scratch. Returns the ESS, or -1.0 when the sequence needs a lag past ``limit``.
     """
     norm = 1.0 / (R * h)  # mean over rows of acov_r(t) = (1/h) sum_i c_ri c_r,i+t
-    _lag_sums4(c, R, h, 0, acov)
-    done = 4
     mean_var = acov[0] * norm * h / (h - 1.0)
     var_plus = mean_var * (h - 1.0) / h
     if R > 1:
@@ -306,7 +309,7 @@ def _geyer_direct(c, R, h, cmv, rho, acov):
     t = 1
     while t < (h - 3) and (rho_even + rho_odd) > 0.0:
         if t + 2 >= done:
-            if done + 4 > MAX_DIRECT_LAG + 4:
+            if done >= limit:
                 return -1.0
             _lag_sums4(c, R, h, done, acov)
             done += 4
@@ -342,7 +345,70 @@ def _geyer_direct(c, R, h, cmv, rho, acov):
 
 
 @nb.njit(**_opts)
-def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_means, finite):
+def _long_ahead(acov, R, h, cmv):
+    """Whether the autocorrelations of lags 1 and 3 (from the lag sums ``acov``), extrapolated geometrically, are
+    still above :data:`LONG_RHO` at lag :data:`MAX_DIRECT_LAG`: Geyer's sequence will then almost surely run past
+    the direct lags, and the FFT is taken at once instead of after them. Only the speed depends on this guess."""
+    norm = 1.0 / (R * h)
+    mean_var = acov[0] * norm * h / (h - 1.0)
+    var_plus = mean_var * (h - 1.0) / h
+    if R > 1:
+        var_plus += cmv
+    r1 = 1.0 - (mean_var - acov[1] * norm) / var_plus
+    r3 = 1.0 - (mean_var - acov[3] * norm) / var_plus
+    if not (r1 > LONG_RHO and r3 > 0.0):
+        return False
+    decay = min(r3 / r1, 1.0)  # per two lags
+    return r1 * decay ** ((MAX_DIRECT_LAG - 1) / 2.0) > LONG_RHO
+
+
+@nb.njit(**_opts)
+def _geyer_direct(c, R, h, cmv, rho, acov):
+    """ArviZ's ``_ess`` on centred rows ``c`` (R rows of h) with autocovariances summed directly, four lags at a
+    time and only as far as Geyer's sequence runs (``acov``: :data:`MAX_DIRECT_LAG` + 4 scratch).
+
+    Returns the ESS, -1.0 when the sequence needs a lag past :data:`MAX_DIRECT_LAG`, or -2.0 when the first four
+    lags already show that it will (:func:`_long_ahead`); either way the caller takes the FFT path.
+    """
+    _lag_sums4(c, R, h, 0, acov)
+    if h > MAX_DIRECT_LAG + 4 and _long_ahead(acov, R, h, cmv):
+        return -2.0
+    return _geyer(c, R, h, cmv, rho, acov, 4, MAX_DIRECT_LAG)
+
+
+@nb.njit(fastmath=_SUMS, **_opts)
+def pair_power(f, out):
+    """``out[k, q] = sum_j (|f[k, j, q]|^2 + |f[k, j, -q]|^2) / 2`` for ``q = 0..m // 2``: the summed power
+    spectra of the real rows packed two to a complex row (``a + i b``, whose transform ``f`` gives
+    ``|F_a(q)|^2 + |F_b(q)|^2 = (|f(q)|^2 + |f(-q)|^2) / 2``)."""
+    n, J, m = f.shape
+    half = m // 2
+    sq = np.empty(m)
+    for k in range(n):
+        o = out[k]
+        for q in range(half + 1):
+            o[q] = 0.0
+        for j in range(J):
+            row = f[k, j]
+            for q in range(m):
+                a = row[q]
+                sq[q] = a.real * a.real + a.imag * a.imag
+            o[0] += sq[0]
+            for q in range(1, half + 1):
+                o[q] += 0.5 * (sq[q] + sq[m - q])
+
+
+@nb.njit(**_opts)
+def geyer_rows(acov, cmv, R, h, out):
+    """ESS of each variable from its complete lag sums ``acov`` (n, >= h) and row-mean variance ``cmv`` (n,)."""
+    rho = np.empty(max(h, 2))
+    dummy = np.empty(1)
+    for k in range(acov.shape[0]):
+        out[k] = _geyer(dummy, R, h, cmv[k], rho, acov[k], acov.shape[1], 0)
+
+
+@nb.njit(**_opts)
+def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_cmv, finite):
     """Diagnose every parameter of a block ``x`` (P, C, D), D >= 4 (definitions: :mod:`msrm.diagnostics`).
 
     Args:
@@ -354,17 +420,20 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_m
             deviations and of their squares.
         ess: (P, N_VARS) ESS of the bulk scores, the two tail indicators, the split draws and the split squared
             deviations; NaN where ``pending``.
-        pending: (P, N_VARS) bool: Geyer's sequence ran past :data:`MAX_DIRECT_LAG`.
-        pending_rows: (P N_VARS, R, h) the centred rows of the pending variables, in (parameter, variable) order;
-        pending_means: (P N_VARS, R) their row means.
+        pending: (P, N_VARS) int8: 0, or the variable's Geyer sequence needs lags past :data:`MAX_DIRECT_LAG`
+            (1: found by summing them, 2: foreseen from the first four, :func:`_long_ahead`).
+        pending_rows: (P N_VARS, C, m) complex, m >= 2 h - 1: the centred split rows of the pending variables,
+            in (parameter, variable) order, two to a complex row (rows 2j + i 2j+1), zero-padded to m;
+        pending_cmv: (P N_VARS,) the variance of their row means (ddof 1; 0 for one row).
         finite: (P,) bool: every draw of the parameter is finite; for a parameter that is not, only ``pending``
-            (all False) is written besides.
+            (all 0) is written besides.
     Returns the number of pending variables.
     """
     P, C, D = x.shape
     h = D // 2
     R = 2 * C
     N = R * h
+    m = pending_rows.shape[2]
     off = D - h  # the second half of a chain starts here (the middle draw of an odd D is dropped)
     v = np.empty(N)
     s = np.empty(N)
@@ -388,7 +457,7 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_m
         total_sum, ok = _moments(xp)
         finite[p] = ok
         if not ok:
-            pending[p, :] = False  # the buffers are re-used: a stale flag would claim rows never written
+            pending[p, :] = 0  # the buffers are re-used: a stale flag would claim rows never written
             continue
         mean = total_sum / (C * D)
         # split draws: chain c's halves are rows 2c and 2c + 1
@@ -466,7 +535,7 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_m
         stats[p, M4] = ss4 / (C * D)
 
         for var in range(N_VARS):
-            pending[p, var] = False
+            pending[p, var] = 0
             if const[var]:
                 ess[p, var] = N
                 continue
@@ -474,12 +543,18 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_m
                 _centre_rows(rows[var], R, h, means[var])
             cmv = _var_ddof1(means[var]) if R > 1 else 0.0
             e = _geyer_direct(rows[var], R, h, cmv, rho, acov)
-            if e == -1.0:
-                pending[p, var] = True
+            if e < 0.0:  # -1.0: past the direct lags; -2.0: foreseen after four lags
+                pending[p, var] = 1 if e == -1.0 else 2
                 ess[p, var] = np.nan
-                for r in range(R):
-                    pending_means[n_pending, r] = means[var, r]
-                    pending_rows[n_pending, r, :] = rows[var, r * h:(r + 1) * h]
+                pending_cmv[n_pending] = cmv
+                for j in range(C):  # split rows 2j and 2j + 1 as one complex row, zero-padded to m
+                    o = pending_rows[n_pending, j]
+                    a = rows[var, 2 * j * h:(2 * j + 1) * h]
+                    b = rows[var, (2 * j + 1) * h:(2 * j + 2) * h]
+                    for i in range(h):
+                        o[i] = complex(a[i], b[i])
+                    for i in range(h, m):
+                        o[i] = 0.0
                 n_pending += 1
             else:
                 ess[p, var] = e

@@ -322,20 +322,71 @@ def test_compiled_folded_scores_equal_scipy_rankdata(n):
         np.testing.assert_array_equal(got, want)
 
 
-def test_compiled_kernels_hand_long_autocorrelations_to_the_fft():
-    """Strongly autocorrelated chains run past the direct lags: their ESS comes from the FFT path, still exact."""
+def _kernel_pending(x):
+    """The compiled block kernel on draws ``x`` (C, D, P): its pending codes (P, N_VARS) and pending count."""
     K = diag._kernels()
-    rng = np.random.default_rng(41)
-    x = _ar1(rng, 4, 600, 6, np.array([0.0, 0.5, 0.95, 0.99, 0.995, -0.7]))
     block = np.ascontiguousarray(np.moveaxis(x, 2, 0))
     P, C, D = block.shape
     R, h = 2 * C, D // 2
-    pending = np.empty((P, K.N_VARS), bool)
+    pending = np.empty((P, K.N_VARS), np.int8)
     n = K.diagnose_block(block, diag._z_table(R * h), diag._TAIL_PROBS, np.empty((P, K.N_STATS)),
-                         np.empty((P, K.N_VARS)), pending, np.empty((P * K.N_VARS, R, h)),
-                         np.empty((P * K.N_VARS, R)), np.empty(P, bool))
-    assert n == pending.sum() and pending[3:5].any() and not pending[0].any()
+                         np.empty((P, K.N_VARS)), pending, np.empty((P * K.N_VARS, C, diag._fft_len(h)), complex),
+                         np.empty(P * K.N_VARS), np.empty(P, bool))
+    assert n == np.count_nonzero(pending)
+    return pending
+
+
+def test_compiled_kernels_hand_long_autocorrelations_to_the_fft():
+    """Strongly autocorrelated chains run past the direct lags: their ESS comes from the FFT path, still exact."""
+    rng = np.random.default_rng(41)
+    x = _ar1(rng, 4, 600, 6, np.array([0.0, 0.5, 0.95, 0.99, 0.995, -0.7]))
+    pending = _kernel_pending(x)
+    assert pending[3:5].any() and not pending[0].any()
     _assert_same(diag.diagnose_draws(x), _arviz_columns(x))
+
+
+def _random_walk_noise(rng, C, D, P, step=0.1):
+    return np.cumsum(step * rng.standard_normal((C, D, P)), axis=1) + rng.standard_normal((C, D, P))
+
+
+@pytest.mark.parametrize("kind", ["ar1_0.99", "random_walk_noise", "mixture"])
+def test_poorly_mixing_draws_equal_arviz(kind):
+    """Slowly mixing chains (most ESS variables on the FFT path), and a mixture with well mixed parameters, a
+    constant one and one with a NaN draw."""
+    rng = np.random.default_rng(["ar1_0.99", "random_walk_noise", "mixture"].index(kind))
+    C, D, P = 4, 1000, 50
+    if kind == "ar1_0.99":
+        x = _ar1(rng, C, D, P, 0.99)
+    elif kind == "random_walk_noise":
+        x = _random_walk_noise(rng, C, D, P)
+    else:
+        x = np.concatenate([_ar1(rng, C, D, 20, 0.99), _random_walk_noise(rng, C, D, 15),
+                            _ar1(rng, C, D, 15, 0.3)], axis=2)[:, :, rng.permutation(P)]
+        x[:, :, 7] = 0.25
+        x[2, 500, 11] = np.nan
+    pending = _kernel_pending(x)
+    assert (pending == 2).any()  # foreseen long sequences skip the direct lags
+    _assert_same(diag.diagnose_draws(x, block_size=16, num_threads=2), _arviz_columns(x))
+
+
+def test_long_sequence_guess_both_sides_equal_arviz():
+    """Both sides of the guess that sends a variable to the FFT after four lags: a sequence that runs past the
+    direct lags without being foreseen (found after summing them, code 1), one foreseen (code 2), and short
+    ones; every ESS equals ArviZ's whichever path it took."""
+    K = diag._kernels()
+    rng = np.random.default_rng(53)
+    phi = np.array([0.0, 0.6, 0.9, 0.93, 0.95, 0.96, 0.97, 0.99])
+    x = _ar1(rng, 4, 1000, 8 * 6, np.repeat(phi, 6))
+    pending = _kernel_pending(x)
+    assert (pending == 1).any() and (pending == 2).any() and (pending == 0).any()
+    _assert_same(diag.diagnose_draws(x), _arviz_columns(x))
+    # the guess: lag-1 and lag-3 autocorrelations extrapolated to MAX_DIRECT_LAG, against LONG_RHO
+    acov = np.zeros(K.MAX_DIRECT_LAG + 4)
+    R, h = 8, 500
+    for r1, r3, want in ((0.99, 0.98, True), (0.5, 0.49, True), (0.9, 0.81, False), (0.05, 0.05, False),
+                         (0.99, -0.1, False)):
+        acov[:4] = R * h * np.array([1.0, r1, 0.0, r3]) * (h - 1) / h  # rho_t = acov_t / acov_0 with cmv = 0
+        assert K._long_ahead(acov, R, h, 0.0) is want, (r1, r3)
 
 
 def test_float32_and_strided_draws_equal_the_oracle():
