@@ -65,6 +65,8 @@ def selected_inverse_banded(cb: np.ndarray) -> np.ndarray:
     keep = rows < 2 * s
     rows, cols, uu = rows[keep], cols[keep], np.broadcast_to(u[:, None], (b1, s)).ravel()[keep]
     out = np.zeros((b1, npad))
+    band_rows = u[:, None] + i[None, :]  # (b1, s): row i + u of the (2 s, s) panel, column i
+    band_cols = np.broadcast_to(i[None, :], (b1, s))
     sig_next = None  # Sigma[I+1, I+1]
     for blk in range(nblk - 1, -1, -1):
         c0 = blk * s
@@ -80,14 +82,9 @@ def selected_inverse_banded(cb: np.ndarray) -> np.ndarray:
             sig_off = -(sig_next @ Lo) @ inv_Ld            # Sigma[I+1, I]
             sig_d = inv_Ld.T @ inv_Ld - sig_off.T @ Lo @ inv_Ld
             sig_d = 0.5 * (sig_d + sig_d.T)
-        # the band of columns c0 .. c0 + s - 1: rows c + u inside block I (sig_d) or I + 1 (sig_off)
-        for du in range(b1):
-            ii = np.arange(s)
-            r = ii + du
-            inside = r < s
-            out[du, c0 + ii[inside]] = sig_d[r[inside], ii[inside]]
-            if sig_off is not None and (~inside).any():
-                out[du, c0 + ii[~inside]] = sig_off[r[~inside] - s, ii[~inside]]
+        # the band of columns c0 .. c0 + s - 1: out[u, c0 + i] = [Sigma[I, I]; Sigma[I+1, I]][i + u, i]
+        panel = np.vstack([sig_d, sig_off if sig_off is not None else np.zeros((s, s))])
+        out[:, c0:c0 + s] = panel[band_rows, band_cols]
         sig_next = sig_d
     out = out[:, :n]
     for du in range(1, b1):
@@ -150,22 +147,36 @@ def run_selected_inverse(prep: Prepared, state: RState, stats: Stats, r: int):
     return band_to_blocks(band, J, nb, K), tie_trace
 
 
-def _pair_traces(Sig: np.ndarray, start: np.ndarray, w: int, M: np.ndarray) -> np.ndarray:
-    """T[i, p, q] = tr(Sigma[start_i + q, start_i + p] M_i): (n, w, w), symmetric in (p, q)."""
-    n = start.size
-    T = np.zeros((n, w, w))
-    complete = M.shape[0] == 1
+def _slot_logdet_grad(Sig: np.ndarray, slot, M: np.ndarray, a: np.ndarray, da: dict) -> dict:
+    """{name: sum_i sum_pq da_ip a_iq T_i(p, q)} with ``T_i(p, q) = tr(Sigma[start_i + q, start_i + p] M_i)``.
+
+    T_i(p, q) depends on the block ``(start_i + p + d, start_i + p)``, d = |q - p|, so the sum runs over the
+    pairs p <= p + d of ``slot.pair_rows``: ``X[i, (d, p)] = da_ip a_i,p+d + a_ip da_i,p+d`` (once for d = 0).
+    A complete slot has one M: X is summed onto the grid by one bincount, the way latent.latent_blocks sums
+    a_ip a_i,p+d, and contracted with ``t[d, j] = tr(Sigma[j + d, j] M)``. Otherwise M_i differs by sample and
+    T is taken diagonal by diagonal, O(n w^2 K^2) without an (n, w, w, K, K) array.
+    """
+    n, w = a.shape
+    J = Sig.shape[0]
+    start = slot.layout.start
+    out = {}
+    if M.shape[0] == 1:
+        t = np.einsum("jdkl,lk->dj", Sig[:, :w], M[0]).ravel()        # (w J,): row d J + j
+        for name, g in da.items():
+            X = np.concatenate([g[:, : w - d] * a[:, d:] + (a[:, : w - d] * g[:, d:] if d else 0.0)
+                                for d in range(w)], axis=1)
+            out[name] = float(np.bincount(slot.pair_rows.ravel(), weights=X.ravel(), minlength=w * J) @ t)
+        return out
+    out = {name: 0.0 for name in da}
     for d in range(w):
-        idx = start[:, None] + np.arange(w - d)[None, :]           # (n, w - d): block rows j = start + p
-        blocks = Sig[idx, d]                                       # (n, w - d, K, K)
-        if complete:
-            t = np.einsum("npkl,lk->np", blocks, M[0])
-        else:
-            t = np.einsum("npkl,nlk->np", blocks, M)
-        p = np.arange(w - d)
-        T[:, p, p + d] = t
-        T[:, p + d, p] = t
-    return T
+        idx = start[:, None] + np.arange(w - d)[None, :]              # (n, w - d): block rows start + p
+        t = np.einsum("npkl,nlk->np", Sig[idx, d], M)
+        for name, g in da.items():
+            pair = g[:, : w - d] * a[:, d:]
+            if d:
+                pair = pair + a[:, : w - d] * g[:, d:]
+            out[name] += float(np.sum(pair * t))
+    return out
 
 
 def logdet_gradient(prep: Prepared, state: RState, stats: Stats, layout, roughness: bool) -> np.ndarray:
@@ -185,12 +196,9 @@ def logdet_gradient(prep: Prepared, state: RState, stats: Stats, layout, roughne
             if pk is None:
                 continue
             a, da = slot_weights(prep, sl, state.theta[pk], derivs=True)
-            w = a.shape[1]
-            T = _pair_traces(Sig, sl.layout.start, w, stats.M[r][sl_i])
-            Ta = np.einsum("npq,nq->np", T, a)
-            for name, dname in da.items():
-                # 1/2 tr(H^-1 dH) = sum_i sum_pq da_ip a_iq T_i(p, q)
-                grad[position[(sl.group, name)]] += float(np.sum(dname * Ta))
+            # 1/2 tr(H^-1 dH) = sum_i sum_pq da_ip a_iq T_i(p, q)
+            for name, v in _slot_logdet_grad(Sig, sl, stats.M[r][sl_i], a, da).items():
+                grad[position[(sl.group, name)]] += v
         if roughness:
             # lambda dH/dlambda = lambda [(D2^T D2 + rho diag(pad)) (x) S] + U C U^T
             trS = np.einsum("jdkl,lk->jd", Sig[:, :3], stats.S)   # tr(Sigma block (j + d, j) S)
