@@ -31,7 +31,9 @@ run on a thread pool (the kernels and the FFTs release the GIL), each thread re-
 block.
 
 Numba is required (the ``bayes`` extra); it is imported, and the kernels compiled or loaded from Numba's cache, on
-the first call rather than on import.
+the first call rather than on import. Compiling them takes far longer than loading them: an install step that runs
+:func:`compile_kernels` once (``python -c "import msrm.diagnostics as d; d.compile_kernels()"``) fills Numba's cache
+(``__pycache__`` beside the kernels' module, or ``NUMBA_CACHE_DIR``), so that a user's first call only loads them.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ if importlib.util.find_spec("numba") is None:  # installed? (checked without imp
         "msrm.diagnostics needs Numba, which the 'bayes' extra installs: pip install 'msrm[bayes]'"
     )
 
-__all__ = ["summarize", "diagnose_draws", "divergence_counts", "COLUMNS"]
+__all__ = ["summarize", "diagnose_draws", "divergence_counts", "compile_kernels", "COLUMNS"]
 
 #: Columns of :func:`summarize`, in order.
 COLUMNS = ("mean", "sd", "q5", "q95", "mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat")
@@ -267,6 +269,17 @@ def diagnose_draws(
         with _futures.ThreadPoolExecutor(max_workers=pool_threads) as pool:
             list(pool.map(one, starts))
     return out
+
+
+def compile_kernels() -> None:
+    """Compile every kernel that :func:`diagnose_draws` can call (or load it from Numba's cache) on tiny draws that
+    take each path: even and odd draw counts, short and long Geyer sequences. Run once at install time, it fills
+    Numba's cache for later processes."""
+    rng = np.random.default_rng(0)
+    walk = np.cumsum(rng.standard_normal((2, 121, 2)), axis=1)  # long sequences: the FFT path
+    draws = np.concatenate([walk, rng.standard_normal((2, 121, 2))], axis=2)
+    diagnose_draws(draws, num_threads=1)  # odd D
+    diagnose_draws(draws[:, :120].copy(), num_threads=1)
 
 
 def _label(name: str, index: tuple) -> str:

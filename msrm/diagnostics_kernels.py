@@ -145,8 +145,8 @@ def _fold(s, order, med, fv, fpos):
 
     The merge runs from both ends at once (the smallest from the middle of ``s``, the largest from its ends),
     half the outputs each, without branches: two independent chains of loads and compares, which the CPU overlaps
-    where a plain merge waits on one mispredicted branch after another. Ties go to the lower run from the front and to the upper run from the back, one consistent
-    order, so the two halves never take the same draw.
+    where a plain merge waits on one mispredicted branch after another. Ties go to the lower run from the front
+    and to the upper run from the back, one consistent order, so the two halves never take the same draw.
     """
     n = s.size
     half = n // 2

@@ -409,3 +409,28 @@ def test_non_finite_parameter_after_long_autocorrelations_in_a_reused_buffer():
     ours = diag.diagnose_draws(x, block_size=4, num_threads=1)
     _assert_same({k: v[[0, 1, 2, 3, 5, 6, 7]] for k, v in ours.items()}, _arviz_columns(x[:, :, [0, 1, 2, 3, 5, 6, 7]]))
     assert all(np.isnan(ours[c][4]) for c in diag.COLUMNS if c != "mean")
+
+
+@pytest.mark.slow
+def test_compile_kernels_fills_the_cache_for_every_path(tmp_path):
+    """After ``compile_kernels`` in one process (the install step), a fresh process diagnosing draws of every kind
+    (even and odd draw counts, short and long sequences, float32) loads each kernel from Numba's cache and
+    compiles none."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba_cache"))
+    subprocess.run([sys.executable, "-c", "import msrm.diagnostics as d; d.compile_kernels()"], env=env, check=True)
+    code = """
+import numpy as np
+import msrm.diagnostics as d
+rng = np.random.default_rng(1)
+x = np.concatenate([np.cumsum(rng.standard_normal((4, 301, 20)), axis=1), rng.standard_normal((4, 301, 20))], 2)
+for draws in (x, x[:, :300], x.astype(np.float32), x[:, :7], x[:, :3]):
+    d.diagnose_draws(draws)
+K = d._kernels()
+misses = {name: dict(f.stats.cache_misses) for name, f in vars(K).items() if hasattr(f, "stats")}
+print(sum(sum(v.values()) for v in misses.values()), misses)
+"""
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[0] == "0", out.stdout
