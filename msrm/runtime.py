@@ -4,6 +4,7 @@ Nothing here runs at import time. Call :func:`enable_x64` (or :func:`configure`)
 
     import msrm
     msrm.runtime.configure(platform="cpu", blas_threads=2)   # also enables float64
+    msrm.runtime.configure(compilation_cache="~/.cache/msrm-jax")   # warm starts: compiled programs kept on disk
     info = msrm.runtime.execution_info()
 
 ``execution_info()`` is recorded in every archive and results row. It never imports JAX by itself: a
@@ -29,6 +30,13 @@ __all__ = [
     "execution_info",
     "blas_threads",
     "blas_limit",
+    "step_blas_threads",
+    "step_blas_limit",
+    "fixed_step_threads",
+    "STEP_KINDS",
+    "DENSE_THREAD_MIN_FLOPS",
+    "idle_cores",
+    "compilation_cache",
     "callback_threads",
     "callback_thread_count",
     "callback_blas_limit",
@@ -49,7 +57,7 @@ class OversubscriptionWarning(RuntimeWarning):
 
 
 _STATE: dict[str, Any] = {"blas_threads": None, "platform": None, "preallocate": None, "host_memory": None,
-                          "callback_threads": None}
+                          "callback_threads": None, "compilation_cache": None, "step_threads": None}
 
 HOST_MEMORY_MODES = ("reuse", "system")
 
@@ -126,7 +134,7 @@ def enable_x64() -> None:
 
 
 def configure(platform: str | None = None, blas_threads: int | None = None, preallocate: bool = False,
-              host_memory: str = "reuse") -> None:
+              host_memory: str = "reuse", compilation_cache: str | os.PathLike | None = None) -> None:
     """Configure the process explicitly.
 
     Args:
@@ -140,12 +148,23 @@ def configure(platform: str | None = None, blas_threads: int | None = None, prea
             memory can be measured and shared cards are not grabbed whole.
         host_memory: ``"reuse"`` (default) keeps large host buffers in the heap between calls, ``"system"``
             restores glibc's policy; see :func:`set_host_memory`.
+        compilation_cache: a directory for JAX's persistent compilation cache, or ``None`` (default: off, JAX's
+            own setting left as it is). With a directory, every program XLA compiles is written there and a later
+            process that builds the same model with the same shapes, JAX version and CPU loads it instead of
+            compiling again (warm start). The directory is created if missing and must be writable; entries of any
+            size and compile time are kept (``jax_persistent_cache_min_entry_size_bytes=-1``,
+            ``jax_persistent_cache_min_compile_time_secs=0``). JAX treats the cache as trusted code: do not
+            point it at a directory others can write. JAX before 0.12 does not write programs that contain a host
+            callback (the CPU LAPACK callback of ``method="callback"``), so those still compile in every process;
+            ``method="native"`` programs are cached on every version. Must be set before the first compilation to
+            cover it; set later, it covers the compilations that follow. :func:`execution_info` records it.
     """
     if blas_threads is not None:
         if not isinstance(blas_threads, int) or blas_threads < 1:
             raise ValueError(f"blas_threads must be a positive integer, got {blas_threads!r}")
     if host_memory not in HOST_MEMORY_MODES:
         raise ValueError(f"host_memory must be one of {HOST_MEMORY_MODES}, got {host_memory!r}")
+    cache_dir = _cache_directory(compilation_cache) if compilation_cache is not None else None
     set_host_memory(host_memory)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if preallocate else "false"
     _STATE["preallocate"] = bool(preallocate)
@@ -164,6 +183,51 @@ def configure(platform: str | None = None, blas_threads: int | None = None, prea
         jax.config.update("jax_platforms", name)
         _STATE["platform"] = name
     enable_x64()
+    if cache_dir is not None:
+        _enable_compilation_cache(cache_dir)
+
+
+def _cache_directory(path) -> str:
+    """``configure``'s ``compilation_cache`` as an absolute, existing, writable directory (created if missing)."""
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"compilation_cache must be a directory path (str or os.PathLike) or None, "
+                         f"got {type(path).__name__}")
+    raw = os.fspath(path)
+    if isinstance(raw, bytes) or not raw.strip():
+        raise ValueError(f"compilation_cache must be a non-empty directory path, got {path!r}")
+    d = Path(raw).expanduser().resolve()
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"compilation_cache must be a directory, but {str(d)!r} is a file")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"compilation_cache: cannot create the directory {str(d)!r}: {exc}") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ValueError(f"compilation_cache: the directory {str(d)!r} is not writable")
+    return str(d)
+
+
+def _enable_compilation_cache(cache_dir: str) -> None:
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    # JAX initialises its cache once, at the first compilation: start it again so the directory counts from now
+    cc.reset_cache()
+    _STATE["compilation_cache"] = cache_dir
+
+
+def compilation_cache() -> str | None:
+    """The directory of JAX's persistent compilation cache: the one :func:`configure` set, else JAX's own setting
+    (``JAX_COMPILATION_CACHE_DIR``) when JAX is imported, else None (off)."""
+    if _STATE["compilation_cache"] is not None:
+        return _STATE["compilation_cache"]
+    if "jax" in sys.modules:
+        value = getattr(sys.modules["jax"].config, "jax_compilation_cache_dir", None)
+        return str(value) if value else None
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or None
 
 
 def blas_threads() -> int:
@@ -197,6 +261,91 @@ def blas_limit(n: int):
     if clear is not None:
         clear(force=True)
     return controller.limit(limits=int(n), user_api="blas")
+
+
+STEP_KINDS = ("banded", "dense")
+
+# Flops (2 m n k for a product) from which a dense step may use more than one BLAS thread. Below it a product
+# takes about a millisecond or less on one core, and waking OpenBLAS's workers (which spin while they wait, and
+# on a busy machine wait for a core) costs as much as the product.
+DENSE_THREAD_MIN_FLOPS = 1.0e8
+
+
+def idle_cores() -> int:
+    """Cores not busy with other work: the usable cores (:func:`physical_cores`, within this process's affinity)
+    less the 1-minute load average beyond this process's own running thread, at least 1.
+
+    The load average counts runnable threads over the whole machine, this process's included, and trails by
+    about a minute; it is the only load figure every Linux and macOS process can read cheaply."""
+    cores = physical_cores()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # pragma: no cover - not available on every platform
+        return cores
+    return max(1, min(cores, int(cores - max(0.0, load - 1.0) + 1e-9)))
+
+
+def step_blas_threads(kind: str, flops: float = 0.0) -> int:
+    """BLAS/LAPACK threads for one numerical step of a fit (R-MSRM's latent, loadings and response steps).
+
+    The rule:
+
+    * an explicit :func:`configure` ``blas_threads=n`` is used as given, for every step;
+    * ``"banded"`` (banded Cholesky and solves, ``scipy.linalg.cholesky_banded``/``solveh_banded``): one
+      thread. LAPACK's banded factorization works in blocks of the bandwidth, tens of rows for R-MSRM, and each
+      block calls BLAS on products too small to split: extra OpenBLAS threads add only wake-ups, and on a
+      machine busy with other work they wait for cores, so the step slows down many times instead of speeding
+      up;
+    * ``"dense"`` (products and small dense solves) with ``flops`` the size of its largest product: one thread
+      below :data:`DENSE_THREAD_MIN_FLOPS`, else the cores not busy now (:func:`idle_cores`).
+
+    Args:
+        kind: one of :data:`STEP_KINDS`.
+        flops: for ``"dense"``, the floating-point operations of the step's largest product (``2 m n k``).
+    """
+    if kind not in STEP_KINDS:
+        raise ValueError(f"kind must be one of {STEP_KINDS}, got {kind!r}")
+    if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not flops >= 0:
+        raise ValueError(f"flops must be a number >= 0, got {flops!r}")
+    if _STATE["blas_threads"] is not None:
+        return int(_STATE["blas_threads"])
+    if kind == "banded" or flops < DENSE_THREAD_MIN_FLOPS:
+        return 1
+    return idle_cores()
+
+
+@contextlib.contextmanager
+def fixed_step_threads(n: int | None) -> Iterator[None]:
+    """While open, every :func:`step_blas_threads` answers ``n`` (as after ``configure(blas_threads=n)``), or
+    follows the rule when ``n`` is None; leaving restores the previous setting. For benchmarks that compare the
+    rule with fixed counts in one process; models use :func:`configure`."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"fixed_step_threads: n must be None or a positive integer, got {n!r}")
+    previous = _STATE["blas_threads"]
+    _STATE["blas_threads"] = n
+    try:
+        yield
+    finally:
+        _STATE["blas_threads"] = previous
+
+
+@contextlib.contextmanager
+def step_blas_limit(kind: str, flops: float = 0.0) -> Iterator[int]:
+    """Context: BLAS on :func:`step_blas_threads` threads (:func:`blas_limit`) while a step runs; yields the count.
+
+    Steps nest; a step whose count is already in force (set by an enclosing step) changes nothing, so a solve
+    called many times inside a step of the same count costs no threadpoolctl call."""
+    n = step_blas_threads(kind, flops)
+    if _STATE["step_threads"] == n:
+        yield n
+        return
+    previous = _STATE["step_threads"]
+    with blas_limit(n):
+        _STATE["step_threads"] = n
+        try:
+            yield n
+        finally:
+            _STATE["step_threads"] = previous
 
 
 @contextlib.contextmanager
@@ -369,6 +518,7 @@ def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         "xla_preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
         "host_memory": _STATE["host_memory"],
+        "compilation_cache": compilation_cache(),
         "hostname": _platform.node(),
         # background load when the evidence was recorded: timings taken under load are upper bounds
         "load_average_1m": _loadavg(),

@@ -24,11 +24,12 @@ import numpy as np
 
 from ..data import Dataset
 from ..params import Params
+from ..runtime import step_blas_limit
 from ..spec import ModelSpec
 from . import convention
 from .archive import PHASES, RFit
 from .latent import solve_latents
-from .loadings import residual_sum_squares, update_loadings, update_noise
+from .loadings import dense_flops, residual_sum_squares, update_loadings, update_noise
 from .objective import (RState, compute_stats, objective_dense, objective_reuse, penalty_metric, roughness_gram,
                         slot_latents)
 from .prepare import Prepared, default_roughness, prepare_rmsrm
@@ -93,6 +94,17 @@ def fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: in
     smoothing parameter); otherwise lambda keeps its value: the likelihood's lambda tracks the prior's fit to
     the latents' spectrum, not how well the point estimate recovers them. ``max_iter`` bounds each phase.
     """
+    # BLAS threads (msrm.runtime.step_blas_threads): the dense steps' count for the restart; the latent solves
+    # and the marginal step set the banded count inside it
+    with step_blas_limit("dense", dense_flops(prep)):
+        return _fit_restart(prep, base_latents, task, max_iter=max_iter, tol=tol, objective=objective,
+                            latent_solver=latent_solver, progress=progress, response_objective=response_objective,
+                            marginal_roughness=marginal_roughness)
+
+
+def _fit_restart(prep: Prepared, base_latents: tuple, task: dict, *, max_iter: int, tol: float, objective: str,
+                 latent_solver: str, progress: bool, response_objective: str,
+                 marginal_roughness: bool) -> RestartResult:
     state = _initial_state(prep, base_latents, task, objective)
     stats = compute_stats(prep, state)
     history = [_objective(prep, state, stats, objective)]
@@ -339,9 +351,10 @@ def fit_rmsrm(
 
     jobs = resolve_n_jobs(n_jobs, restarts)
     prep = prepare_rmsrm(data, spec, roughness)
-    base = convention.pca_init(prep)
-    if roughness is None:
-        prep = prep._replace(roughness=default_roughness(spec, initial_signal(prep, base)))
+    with step_blas_limit("dense", dense_flops(prep)):
+        base = convention.pca_init(prep)
+        if roughness is None:
+            prep = prep._replace(roughness=default_roughness(spec, initial_signal(prep, base)))
     if backend == "loky" and jobs == 1:
         backend = "sequential"
     inner = progress and backend == "sequential"

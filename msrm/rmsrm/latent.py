@@ -26,6 +26,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from ..operators import response_weights_csr
+from ..runtime import step_blas_limit
 from .objective import RState, Stats, group_theta, slot_weights
 from .prepare import Prepared
 
@@ -190,12 +191,16 @@ def _solve_run(prep, state, stats, r, solver, diagnostics, logdet):
 
 
 def solve_latents(prep: Prepared, state: RState, stats: Stats, solver: str, diagnostics: list | None = None):
-    """The latent step for every run: tuple of (J, K)."""
-    return tuple(_solve_run(prep, state, stats, r, solver, diagnostics, False) for r in range(len(prep.runs)))
+    """The latent step for every run: tuple of (J, K). BLAS threads: ``msrm.runtime.step_blas_threads("banded")``
+    (one, unless ``configure(blas_threads=...)`` says otherwise)."""
+    with step_blas_limit("banded"):
+        return tuple(_solve_run(prep, state, stats, r, solver, diagnostics, False) for r in range(len(prep.runs)))
 
 
 def solve_latents_logdet(prep: Prepared, state: RState, stats: Stats, solver: str,
                          diagnostics: list | None = None) -> tuple[tuple, float]:
-    """The latent step and ``sum_r log det H_r`` (the Hessian of J in Z; response.py's marginal criterion)."""
-    out = [_solve_run(prep, state, stats, r, solver, diagnostics, True) for r in range(len(prep.runs))]
+    """The latent step and ``sum_r log det H_r`` (the Hessian of J in Z; response.py's marginal criterion), with
+    the thread count of :func:`solve_latents`."""
+    with step_blas_limit("banded"):
+        out = [_solve_run(prep, state, stats, r, solver, diagnostics, True) for r in range(len(prep.runs))]
     return tuple(z for z, _ in out), float(sum(ld for _, ld in out))

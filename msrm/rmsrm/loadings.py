@@ -18,10 +18,11 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as sla
 
+from ..runtime import step_blas_limit
 from .objective import RState, roughness_gram
 from .prepare import Prepared
 
-__all__ = ["update_loadings", "residual_sum_squares", "update_noise", "VAR_FLOOR"]
+__all__ = ["update_loadings", "residual_sum_squares", "update_noise", "dense_flops", "VAR_FLOOR"]
 
 VAR_FLOOR = 1e-12
 
@@ -30,8 +31,16 @@ def _design(x: np.ndarray) -> np.ndarray:
     return np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)
 
 
+def dense_flops(prep: Prepared) -> float:
+    """Flops of the largest dense product of a fit's steps: ``X~^T Y`` of the largest stream of a run,
+    2 (K + 1) n F (the size ``msrm.runtime.step_blas_threads("dense", ...)`` chooses the BLAS threads by)."""
+    sizes = [st.values.size for run in prep.runs for st in run.streams]
+    return 2.0 * (prep.n_factors + 1) * float(max(sizes, default=0))
+
+
 def update_loadings(prep: Prepared, state: RState, latents) -> tuple[dict, dict, dict]:
-    """Solve for W and b of every stream.
+    """Solve for W and b of every stream, BLAS on ``msrm.runtime.step_blas_threads("dense", dense_flops(prep))``
+    threads.
 
     Args:
         latents: per run, per slot (n, K) latent values (``objective.slot_latents``).
@@ -40,6 +49,11 @@ def update_loadings(prep: Prepared, state: RState, latents) -> tuple[dict, dict,
         (W, b, q): key -> (F, K), (F,), and the residual sums of squares (F,) at the solution, computed from the
         normal equations (q = sum m y^2 - 2 beta^T r + beta^T C beta), no n x F residual formed.
     """
+    with step_blas_limit("dense", dense_flops(prep)):
+        return _update_loadings(prep, state, latents)
+
+
+def _update_loadings(prep: Prepared, state: RState, latents) -> tuple[dict, dict, dict]:
     K = prep.n_factors
     pen = np.zeros((K + 1, K + 1))
     pen[:K, :K] = prep.roughness / prep.n_total_features * roughness_gram(prep, state.Z)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import minimize
 
+from ..runtime import step_blas_limit
+
 from .objective import (RState, Stats, objective_dense, objective_reuse, theta_value_and_grad_dense,
                         theta_value_and_grad_reuse)
 from .prepare import Prepared
@@ -223,9 +225,11 @@ def update_response_marginal(prep: Prepared, state: RState, stats: Stats, mode: 
         count[0] += n
         return M, grad
 
-    M0 = marginal_criterion(prep, state, stats, state.theta, lam0, mode, solver, diagnostics)[0]
-    count[0] += 1
-    res = minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": MARGINAL_MAXITER})
+    # the step is latent solves, many times over: their thread count for the whole of it (one threadpoolctl call)
+    with step_blas_limit("banded"):
+        M0 = marginal_criterion(prep, state, stats, state.theta, lam0, mode, solver, diagnostics)[0]
+        count[0] += 1
+        res = minimize(fun, x0, jac=True, method="L-BFGS-B", bounds=bounds, options={"maxiter": MARGINAL_MAXITER})
     if np.isfinite(res.fun) and res.fun < M0:
         theta = _unpack(layout, state.theta, res.x[:n_theta])
         lam = float(np.exp(res.x[n_theta])) if roughness else lam0
