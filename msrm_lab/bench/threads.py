@@ -40,7 +40,8 @@ from .linalg import peak_rss_delta, potrf_potri_callback, spd_matrix
 from .measure import block
 from .rows import make_row, write_rows
 
-__all__ = ["NOTEBOOK", "PROFILES", "thread_settings", "threads_rows", "run"]
+__all__ = ["NOTEBOOK", "PROFILES", "thread_settings", "threads_rows", "run", "contention_rows",
+           "CONTENTION_PROFILES", "CONTENTION_EXPERIMENT", "CONTENTION_TARGET"]
 
 NOTEBOOK = "threads"
 
@@ -173,4 +174,137 @@ def run(profile: str = "quick", out_dir: str | Path | None = None, *, n: int | N
                         profile=profile, budget_s=cfg["budget_s"])
     if out_dir is not None:
         write_rows(Path(out_dir) / "rows.jsonl", rows, append=False)
+    return rows
+
+
+# ---- R-MSRM under contention: BLAS default, one thread and the rule of msrm.runtime.step_blas_threads
+
+CONTENTION_EXPERIMENT = "rmsrm_contention"
+# the rule's target: under load the chosen setting within this factor of one thread
+CONTENTION_TARGET = 1.5
+
+CONTENTION_PROFILES: dict[str, dict[str, Any]] = {
+    "smoke": {"data_profile": "tiny", "n_features": 8, "max_iter": 2, "repeats": 2, "settle_s": 1.0},
+    "quick": {"data_profile": "one-eighth", "n_features": 360, "max_iter": 3, "repeats": 3, "settle_s": 5.0},
+    "note": {"data_profile": "one-eighth", "n_features": 3600, "max_iter": 3, "repeats": 5, "settle_s": 10.0},
+}
+CONTENTION_PROFILES["full"] = CONTENTION_PROFILES["note"]
+
+_COMPETITOR = """
+import sys
+import data_synth, msrm
+data, truth = data_synth.synthetic_dataset({data_profile!r}, n_features={n_features}, n_runs=1, n_factors=3, seed=0)
+print("ready", flush=True)
+while True:
+    msrm.fit_rmsrm(data, truth.spec, restarts=1, max_iter={max_iter}, tol=0.0, n_jobs=1, progress=False)
+"""
+
+
+def _openblas_default_threads() -> int:
+    from msrm.runtime import blas_info
+
+    counts = [b.get("num_threads") or 0 for b in blas_info() if b.get("user_api") == "blas"]
+    return max(counts) if counts else 1
+
+
+def _start_competitor(cfg: dict):
+    """A second process fitting R-MSRM in a loop (the library's defaults), once it has built its data."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.Popen([sys.executable, "-c", _COMPETITOR.format(**cfg)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    line = proc.stdout.readline()
+    if "ready" not in line:
+        from msrm_lab.processes import kill_group
+
+        kill_group(proc)
+        raise RuntimeError("the competing R-MSRM process did not start")
+    time.sleep(cfg["settle_s"])  # its first fit under way, and the load average moving
+    return proc
+
+
+def contention_rows(profile: str = "quick", *, info: dict | None = None, repeats: int | None = None,
+                    conditions: tuple[str, ...] = ("idle", "loaded")) -> list[dict]:
+    """The same short ``fit_rmsrm`` (one restart, ``max_iter`` iterations, tolerance off) at each BLAS setting,
+    idle and beside a competing process that fits R-MSRM in a loop.
+
+    Settings: ``"default"`` (every step on OpenBLAS's own thread count, as without msrm's rule), ``"one"`` (one
+    thread) and ``"chosen"`` (:func:`msrm.runtime.step_blas_threads`). In each condition the three are called in
+    turn for ``repeats`` rounds after one warm call each. Rows (metric ``median_s``, with min, max and every
+    time, the load average at the start and end of the condition and the threads the rule chose), then
+    per condition the ratios ``chosen_over_one`` and ``default_over_one`` (target: ``chosen_over_one`` at most
+    :data:`CONTENTION_TARGET` under load).
+    """
+    import os
+
+    import data_synth
+    import msrm
+    from msrm.rmsrm.loadings import dense_flops
+    from msrm.rmsrm.prepare import prepare_rmsrm
+    from msrm.runtime import fixed_step_threads, step_blas_threads
+
+    from msrm_lab.processes import kill_group
+
+    if profile not in CONTENTION_PROFILES:
+        raise ValueError(f"profile must be one of {sorted(CONTENTION_PROFILES)}, got {profile!r}")
+    unknown = set(conditions) - {"idle", "loaded"}
+    if unknown:
+        raise ValueError(f"conditions must be drawn from ('idle', 'loaded'), got {sorted(unknown)}")
+    cfg = CONTENTION_PROFILES[profile]
+    reps = cfg["repeats"] if repeats is None else int(repeats)
+    data, truth = data_synth.synthetic_dataset(cfg["data_profile"], n_features=cfg["n_features"], n_runs=1,
+                                               n_factors=3, seed=0)
+    flops = dense_flops(prepare_rmsrm(data, truth.spec, 1.0))
+    default_n = _openblas_default_threads()
+    settings = {"default": default_n, "one": 1, "chosen": None}
+
+    def fit():
+        t0 = time.perf_counter()
+        msrm.fit_rmsrm(data, truth.spec, restarts=1, max_iter=cfg["max_iter"], tol=0.0, n_jobs=1, progress=False)
+        return time.perf_counter() - t0
+
+    def load():
+        try:
+            return round(os.getloadavg()[0], 2)
+        except OSError:  # pragma: no cover
+            return None
+
+    rows: list[dict] = []
+    common = dict(profile=profile, data_profile=cfg["data_profile"], n_features=cfg["n_features"], K=3,
+                  max_iter=cfg["max_iter"], restarts=1, openblas_default_threads=default_n,
+                  dense_flops=flops, competitor="fit_rmsrm loop in a second process (library defaults)")
+    for condition in conditions:
+        proc = _start_competitor(cfg) if condition == "loaded" else None
+        try:
+            load_start = load()
+            chosen = {"banded": step_blas_threads("banded"), "dense": step_blas_threads("dense", flops)}
+            for n in settings.values():
+                with fixed_step_threads(n):
+                    fit()
+            times = {k: [] for k in settings}
+            for _ in range(max(1, reps)):
+                for name, n in settings.items():
+                    with fixed_step_threads(n):
+                        times[name].append(fit())
+            load_end = load()
+        finally:
+            if proc is not None:
+                kill_group(proc, term_grace=2.0)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for name, n in settings.items():
+            threads = n if n is not None else f"banded {chosen['banded']}, dense {chosen['dense']}"
+            rows.append(make_row(NOTEBOOK, CONTENTION_EXPERIMENT, "median_s", med[name], "s", info=info,
+                                 setting=name, condition=condition, threads=str(threads), repeats=len(times[name]),
+                                 min_s=min(times[name]), max_s=max(times[name]), times=times[name],
+                                 load_average_start=load_start, load_average_end=load_end, **common))
+        for metric, num in (("chosen_over_one", "chosen"), ("default_over_one", "default")):
+            rows.append(make_row(NOTEBOOK, CONTENTION_EXPERIMENT, metric, med[num] / med["one"], "x", info=info,
+                                 condition=condition, target=CONTENTION_TARGET if num == "chosen" else None,
+                                 load_average_start=load_start, load_average_end=load_end,
+                                 definition=f"median {num} / median one thread, alternating calls", **common))
     return rows
