@@ -165,13 +165,16 @@ def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "qui
 
 
 def run(profile: str = "quick", out_dir: str | Path | None = None, *, n: int | None = None,
-        repeats: int | None = None) -> list[dict]:
-    """All rows of the ``threads`` notebook for one profile (written to ``out_dir/rows.jsonl`` if given)."""
+        repeats: int | None = None, contention: bool = True) -> list[dict]:
+    """All rows of the ``threads`` notebook for one profile (written to ``out_dir/rows.jsonl`` if given): the
+    callback comparison, then (``contention``) R-MSRM under contention (:func:`contention_rows`)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
     cfg = PROFILES[profile]
     rows = threads_rows(cfg["n"] if n is None else int(n), cfg["repeats"] if repeats is None else int(repeats),
                         profile=profile, budget_s=cfg["budget_s"])
+    if contention:
+        rows += contention_rows(profile)
     if out_dir is not None:
         write_rows(Path(out_dir) / "rows.jsonl", rows, append=False)
     return rows
