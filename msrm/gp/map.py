@@ -5,6 +5,18 @@ minimises ``-log p``. A point where the value or the gradient is not finite is *
 ``+inf`` (so its line search backs off) and the rejection is counted, never hidden. ``restarts > 1`` adds
 independent starts ``u0 + perturb * N(0, I)`` (seeded); the best final log density wins.
 
+**Starts.** ``init`` may be an R-MSRM fit (``msrm.fit_rmsrm``'s ``RFit``), a :class:`MAPResult` or anything
+else with a ``params`` attribute, a Params-like object, or an unconstrained vector. A bounded response parameter
+(lag, width: logit transform) exactly on a bound has no finite unconstrained value, and R-MSRM's bounded
+response step often ends on one; :func:`start_inside_bounds` moves every such value ``bound_margin`` of its range
+inside the bounds before transforming (values strictly inside are unchanged, values outside still fail
+validation).
+
+**Threads.** SciPy's L-BFGS-B does BLAS level-1 work on ``num_params``-long vectors each iteration, too small
+to split over threads: with OpenBLAS's workers awake (and waiting for cores on a busy machine) that overhead
+exceeds the objective itself at tens of thousands of parameters. The optimiser therefore runs under
+``msrm.runtime.blas_limit(1)``; the model's host callbacks set their own BLAS counts inside it.
+
 Model protocol used here: ``num_params``, ``value_and_grad``, ``constrain``, ``unconstrain``,
 ``initial_params(seed)``, and optionally ``guard_events()`` and ``execution_info()``.
 """
@@ -21,7 +33,7 @@ import numpy as np
 
 from .. import atomic
 
-__all__ = ["fit_map", "MAPResult", "load_map", "LengthscaleProfile", "lengthscale_profile"]
+__all__ = ["fit_map", "MAPResult", "load_map", "start_inside_bounds", "LengthscaleProfile", "lengthscale_profile"]
 
 GRADIENT_METHODS = ("L-BFGS-B", "BFGS", "CG", "TNC", "SLSQP", "trust-constr")
 
@@ -36,8 +48,14 @@ class MAPResult:
         log_density: log density at the mode (likelihood + priors + Jacobians).
         history: (iterations + 1,) log density after each accepted iteration of the best restart (start first).
         converged: the best restart's optimiser reported success and its gradient is finite.
-        diagnostics: gradient norms, guard events, iterations, function evaluations, seconds per evaluation,
-            rejected non-finite evaluations, the optimiser message, and one summary per restart.
+        diagnostics: gradient norms (``grad_norm`` Euclidean, ``projected_grad_max_abs`` the sup norm of the
+            projected gradient that ``gtol`` is compared with; no bounds in ``u``, so it is the gradient's),
+            ``converged``, guard events, ``iterations`` (``len(history) - 1``), ``function_evaluations``,
+            seconds per evaluation, rejected non-finite evaluations, the optimiser message and settings
+            (``ftol``, ``gtol``, ``maxcor``), per-phase walls ``phase_seconds`` (``first_evaluation``: the
+            first ``value_and_grad`` of the fit, compilation included when the model had not been evaluated
+            before; ``optimiser``: the optimiser runs after it, of which ``in_value_and_grad`` inside the model;
+            ``total``), and one summary per restart.
         execution_info: where it ran (backend, devices, dtype, versions, commit).
     """
 
@@ -126,39 +144,87 @@ class _Objective:
         self.num_evaluations = 0
         self.num_rejected = 0
         self.seconds = 0.0
-        self._recent: dict[bytes, float] = {}
+        self._recent: dict[bytes, tuple[float, np.ndarray]] = {}
+
+    def evaluated(self, u: np.ndarray) -> tuple[float, np.ndarray]:
+        """``(log density, gradient)`` at ``u``, from the recent evaluations (evaluated only if absent)."""
+        key = np.asarray(u, dtype=np.float64).tobytes()
+        if key not in self._recent:
+            self._evaluate(u)
+        return self._recent[key]
 
     def log_density_at(self, u: np.ndarray) -> float:
         """The log density at an accepted iterate, from the recent evaluations (evaluated only if absent)."""
-        key = np.asarray(u, dtype=np.float64).tobytes()
-        if key in self._recent:
-            return self._recent[key]
-        f, _ = self(u)
-        return -f
+        return self.evaluated(u)[0]
 
-    def __call__(self, u: np.ndarray) -> tuple[float, np.ndarray]:
+    def _evaluate(self, u: np.ndarray) -> None:
         t0 = time.perf_counter()
         value, grad = self.model.value_and_grad(u)
         grad = np.asarray(grad, dtype=np.float64)
         self.seconds += time.perf_counter() - t0
         self.num_evaluations += 1
-        value = float(value)
         if len(self._recent) > 16:
             self._recent.pop(next(iter(self._recent)))
-        self._recent[np.asarray(u, dtype=np.float64).tobytes()] = value
+        self._recent[np.asarray(u, dtype=np.float64).tobytes()] = (float(value), grad)
+
+    def __call__(self, u: np.ndarray) -> tuple[float, np.ndarray]:
+        """``(-log p, -gradient)`` for the optimiser (a point evaluated recently is not evaluated again)."""
+        value, grad = self.evaluated(u)
         if not (np.isfinite(value) and np.isfinite(grad).all()):
             self.num_rejected += 1
             return np.inf, np.zeros_like(grad)
         return -value, -grad
 
 
-def _initial_vector(model, init, seed: int) -> np.ndarray:
-    """The (num_params,) unconstrained start from ``init`` (see :func:`fit_map`), checked for shape and finiteness."""
+def start_inside_bounds(params, spec, margin: float = 1e-6):
+    """Params with each bounded response parameter moved ``margin`` of its range inside its bounds.
+
+    A lag or width ``v`` with ``lo <= v <= hi`` becomes ``clip(v, lo + margin (hi - lo), hi - margin (hi - lo))``:
+    a value on a bound (where the logit transform is infinite) moves just inside, a value already further inside
+    is returned unchanged, and a value outside ``[lo, hi]`` is left as it is for validation to refuse.
+
+    Args:
+        params: a Params (``response`` maps a param key, ``"<modality>"`` or ``"<participant>/<modality>"``, to
+            ``{name: value}``; ``replace(response=...)`` builds the copy).
+        spec: the ModelSpec whose responses hold the bounds.
+        margin: the fraction of each range, in (0, 0.5).
+    Raises:
+        ValueError: ``margin`` not in (0, 0.5).
+    """
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 < margin < 0.5:
+        raise ValueError(f"margin must be a number in (0, 0.5), got {margin!r}")
+    response = {}
+    for key, theta in params.response.items():
+        bounds = spec.response(str(key).split("/")[-1]).bounds
+        moved = {}
+        for name, v in theta.items():
+            lo, hi = bounds[name]
+            eps = margin * (hi - lo)
+            x = float(v)
+            moved[name] = float(np.clip(x, lo + eps, hi - eps)) if lo <= x <= hi else v
+        response[key] = moved
+    return params.replace(response=response)
+
+
+def _initial_vector(model, init, seed: int, margin: float = 1e-6) -> np.ndarray:
+    """The (num_params,) unconstrained start from ``init`` (see :func:`fit_map`), checked for shape and finiteness.
+
+    An object with a ``u`` vector (a :class:`MAPResult`) starts there; one with ``params`` (an ``RFit``) from
+    those; Params-like starts have their bounded response parameters moved inside the bounds
+    (:func:`start_inside_bounds`, with the model's ``spec``) before ``model.unconstrain``.
+    """
+    if isinstance(init, MAPResult):
+        init = init.u
+    elif init is not None and not isinstance(init, (np.ndarray, list, tuple)) and hasattr(init, "params"):
+        init = init.params
     if init is None:
         u0 = model.unconstrain(model.initial_params(seed=seed))
     elif isinstance(init, (np.ndarray, list, tuple)):
         u0 = np.asarray(init, dtype=np.float64)
     else:
+        spec = getattr(model, "spec", None)
+        if spec is not None and hasattr(init, "response") and hasattr(init, "replace"):
+            init = start_inside_bounds(init, spec, margin)
         u0 = model.unconstrain(init)
     u0 = np.asarray(u0, dtype=np.float64)
     if u0.shape != (model.num_params,):
@@ -180,12 +246,18 @@ def fit_map(
     *,
     perturb: float = 0.5,
     gtol: float = 1e-6,
+    ftol: float | None = None,
+    maxcor: int | None = None,
+    bound_margin: float = 1e-6,
 ) -> MAPResult:
     """Maximum a posteriori fit on the unconstrained vector.
 
     Args:
         model: a model with the GPMSRM protocol.
-        init: ``None`` (``model.initial_params(seed)``), a Params-like object, or an unconstrained vector.
+        init: ``None`` (``model.initial_params(seed)``), an R-MSRM fit (``RFit``) or anything with ``params``, a
+            :class:`MAPResult` (its ``u``), a Params-like object, or an unconstrained vector. Bounded response
+            parameters of a Params start are moved ``bound_margin`` inside their bounds
+            (:func:`start_inside_bounds`).
         seed: seeds the default start and the restart perturbations.
         maxiter: optimiser iterations per restart.
         method: ``"L-BFGS-B"`` (default) or another gradient-based ``scipy.optimize.minimize`` method
@@ -195,18 +267,24 @@ def fit_map(
         archive: if given, :meth:`MAPResult.save` is called with it.
         perturb: standard deviation of the restart perturbation in unconstrained units.
         gtol: projected-gradient tolerance passed to the optimiser.
+        ftol: L-BFGS-B's relative-reduction tolerance, stop when
+            ``(f_k - f_{k+1}) / max(|f_k|, |f_{k+1}|, 1) <= ftol`` (``None``: SciPy's default).
+        maxcor: L-BFGS-B's number of stored correction pairs (``None``: SciPy's default).
+        bound_margin: fraction of a bounded parameter's range by which a start on a bound is moved inside.
     """
     _check_fit_args(method, restarts, maxiter)
-    u_init = _initial_vector(model, init, seed)
+    _check_tolerances(ftol, maxcor, method)
+    u_init = _initial_vector(model, init, seed, bound_margin)
     starts = _restart_starts(u_init, restarts, perturb, seed)
     t_start = time.perf_counter()
     objective = _Objective(model)
-    runs = [_run_restart(model, objective, u0, r, restarts, method, maxiter, gtol, progress)
+    settings = {"gtol": gtol, "ftol": ftol, "maxcor": maxcor}
+    runs = [_run_restart(model, objective, u0, r, restarts, method, maxiter, settings, progress)
             for r, u0 in enumerate(starts)]
     wall = time.perf_counter() - t_start
     best = max(range(len(runs)), key=lambda i: runs[i]["log_density"])
     b = runs[best]
-    diagnostics = _diagnostics(model, runs, best, objective, method, wall, seed, maxiter)
+    diagnostics = _diagnostics(model, runs, best, objective, method, wall, seed, maxiter, settings)
     info = _execution_info(model)
     result = MAPResult(
         params=model.constrain(b["u"]),
@@ -232,6 +310,17 @@ def _check_fit_args(method: str, restarts, maxiter) -> None:
         raise ValueError(f"maxiter must be a positive integer, got {maxiter!r}")
 
 
+def _check_tolerances(ftol, maxcor, method: str) -> None:
+    """Raise ValueError for an ``ftol`` that is not a number >= 0, a ``maxcor`` that is not a positive integer,
+    or either given with a method other than L-BFGS-B."""
+    if ftol is not None and (isinstance(ftol, bool) or not isinstance(ftol, (int, float)) or not ftol >= 0):
+        raise ValueError(f"ftol must be None or a number >= 0, got {ftol!r}")
+    if maxcor is not None and (isinstance(maxcor, bool) or not isinstance(maxcor, (int, np.integer)) or maxcor < 1):
+        raise ValueError(f"maxcor must be None or a positive integer, got {maxcor!r}")
+    if (ftol is not None or maxcor is not None) and method != "L-BFGS-B":
+        raise ValueError(f"ftol and maxcor are L-BFGS-B settings; method is {method!r}")
+
+
 def _restart_starts(u_init: np.ndarray, restarts: int, perturb: float, seed: int) -> list[np.ndarray]:
     """Start vectors: ``u_init``, then ``u_init + perturb * N(0, I)`` per further restart (``default_rng(seed)``)."""
     rng = np.random.default_rng(seed)
@@ -239,18 +328,25 @@ def _restart_starts(u_init: np.ndarray, restarts: int, perturb: float, seed: int
 
 
 def _run_restart(model, objective: _Objective, u0: np.ndarray, r: int, restarts: int, method: str, maxiter: int,
-                 gtol: float, progress: bool) -> dict:
+                 settings: dict, progress: bool) -> dict:
     """One optimiser run from ``u0`` (restart ``r`` of ``restarts``).
 
     Returns the final point, its log density (-inf where value or gradient is not finite) and gradient, the log
-    density history (start, then each accepted iterate), success, message, iterations, and this run's share of
-    the objective's evaluation, rejection and time counters.
+    density history (start, then each accepted iterate), success, message, iterations, the walls of its first
+    evaluation and of the optimiser, and this run's share of the objective's evaluation, rejection and time
+    counters. The final point's value and gradient come from the objective's recent evaluations (the optimiser
+    evaluated it), not from a further evaluation.
     """
     from scipy.optimize import minimize
 
+    from ..runtime import blas_limit
+
     history: list[float] = []
+    evals0, rejected0, seconds0 = objective.num_evaluations, objective.num_rejected, objective.seconds
+    t0 = time.perf_counter()
     f0, _ = objective(u0)
     history.append(-f0)
+    first_seconds = time.perf_counter() - t0
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -266,13 +362,19 @@ def _run_restart(model, objective: _Objective, u0: np.ndarray, r: int, restarts:
 
     options = {"maxiter": int(maxiter)}
     if method in ("L-BFGS-B", "BFGS", "CG", "TNC"):
-        options["gtol"] = gtol
-    evals0, rejected0, seconds0 = objective.num_evaluations, objective.num_rejected, objective.seconds
-    res = minimize(objective, u0, jac=True, method=method, callback=callback, options=options)
+        options["gtol"] = settings["gtol"]
+    if settings.get("ftol") is not None:
+        options["ftol"] = float(settings["ftol"])
+    if settings.get("maxcor") is not None:
+        options["maxcor"] = int(settings["maxcor"])
+    seconds1 = objective.seconds
+    t1 = time.perf_counter()
+    with blas_limit(1):
+        res = minimize(objective, u0, jac=True, method=method, callback=callback, options=options)
+        value, grad = objective.evaluated(res.x)
+    optimiser_seconds = time.perf_counter() - t1
     if bar is not None:
         bar.close()
-    value, grad = model.value_and_grad(res.x)
-    grad = np.asarray(grad, dtype=np.float64)
     finite = bool(np.isfinite(value) and np.isfinite(grad).all())
     return {
         "u": np.asarray(res.x, dtype=np.float64),
@@ -285,19 +387,32 @@ def _run_restart(model, objective: _Objective, u0: np.ndarray, r: int, restarts:
         "function_evaluations": objective.num_evaluations - evals0,
         "rejected_nonfinite": objective.num_rejected - rejected0,
         "seconds_in_value_and_grad": objective.seconds - seconds0,
+        "first_evaluation_seconds": first_seconds,
+        "optimiser_seconds": optimiser_seconds,
+        "optimiser_seconds_in_value_and_grad": objective.seconds - seconds1,
     }
 
 
 def _diagnostics(model, runs: list[dict], best: int, objective: _Objective, method: str, wall: float, seed: int,
-                 maxiter: int) -> dict:
+                 maxiter: int, settings: dict) -> dict:
     """``MAPResult.diagnostics``: the best run's gradient norms, iterations and counts, totals over all runs,
-    the model's guard events, and one summary per restart."""
+    per-phase walls over all runs, the model's guard events, and one summary per restart."""
     b = runs[best]
     evals = sum(r["function_evaluations"] for r in runs)
     guard = model.guard_events() if hasattr(model, "guard_events") else {}
+    max_abs = float(np.max(np.abs(b["grad"]))) if b["grad"].size else 0.0
+    first = runs[0]["first_evaluation_seconds"]
     return {
+        "converged": bool(b["success"]),
         "grad_norm": float(np.linalg.norm(b["grad"])),
-        "grad_max_abs": float(np.max(np.abs(b["grad"]))) if b["grad"].size else 0.0,
+        "grad_max_abs": max_abs,
+        "projected_grad_max_abs": max_abs,
+        "phase_seconds": {
+            "first_evaluation": first,
+            "optimiser": wall - first,
+            "in_value_and_grad": sum(r["optimiser_seconds_in_value_and_grad"] for r in runs),
+            "total": wall,
+        },
         "guard_events": guard,
         "iterations": b["iterations"],
         "function_evaluations": b["function_evaluations"],
@@ -309,6 +424,7 @@ def _diagnostics(model, runs: list[dict], best: int, objective: _Objective, meth
         "total_rejected_nonfinite": objective.num_rejected,
         "message": b["message"],
         "method": method,
+        "settings": dict(settings),
         "best_restart": int(best),
         "restarts": [
             {k: r[k] for k in ("log_density", "success", "message", "iterations", "function_evaluations",

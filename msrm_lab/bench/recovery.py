@@ -109,18 +109,12 @@ SIZES["full"] = SIZES["note"]
 
 # ----------------------------------------------------------------------------------------------------- helpers
 def map_start(params, spec):
-    """R-MSRM parameters as a MAP start: each lag and width moved just inside its bounds (``1e-6`` of the range),
-    because a bounded parameter on its bound has no finite unconstrained value."""
-    response = {}
-    for key, theta in params.response.items():
-        resp = spec.response(str(key).split("/")[-1])
-        moved = {}
-        for name, v in theta.items():
-            lo, hi = resp.bounds[name]
-            eps = 1e-6 * (hi - lo)
-            moved[name] = float(np.clip(v, lo + eps, hi - eps))
-        response[key] = moved
-    return params.replace(response=response)
+    """R-MSRM parameters as a MAP start: each lag and width moved just inside its bounds (``1e-6`` of the range,
+    :func:`msrm.gp.map.start_inside_bounds`), because a bounded parameter on its bound has no finite
+    unconstrained value."""
+    from msrm.gp.map import start_inside_bounds
+
+    return start_inside_bounds(params, spec, 1e-6)
 
 
 def _masks(data, spec, truth, drop: float) -> list[np.ndarray]:
