@@ -78,29 +78,18 @@ def test_exact_equals_brute_force_and_grouped(kernel, pooling):
 
 @pytest.mark.parametrize("block", [1, 3, 7, None])
 def test_block_length_does_not_change_the_density(block):
-    from msrm.gp.state_space.prepare import auto_block
-
     data, truth = tiny("matern52", "individual")
     theta = theta_of(truth.params)
     ref = value(prepare(data, truth.spec, block=4, method="native"), theta)
     p = prepare(data, truth.spec, block=block, method="native")
-    t, lay = p.runs[0].tables, p.runs[0].gp.layout
-    if block is None:  # chosen per run
-        block = auto_block(lay.n_nodes, lay.n_grid, truth.spec.n_factors)
+    t = p.runs[0].tables
+    if block is None:  # chosen per run by the cost model
+        assert t.block_source in ("measured", "cached", "default", "override") and t.block_predicted_s > 0
+        block = t.block
+    else:
+        assert t.block_source == "option" and t.block_predicted_s is None
     assert t.block == block and t.n_ring % block == 0 and t.n_ring >= t.L + block
     assert abs(value(p, theta) - ref) <= 1e-10 * abs(ref)
-
-
-def test_auto_block_targets_the_update_rank():
-    from msrm.gp.state_space.prepare import MAX_BLOCK, TARGET_RANK, auto_block
-
-    assert TARGET_RANK == 48
-    assert auto_block(1770, 1000, 3) == 9  # 48 / (3 x 1.77 nodes per step)
-    assert auto_block(1840, 1000, 5) == 5
-    assert auto_block(10, 100000, 2) == MAX_BLOCK
-    assert auto_block(10, 5, 2) == 5  # never past the grid
-    assert auto_block(100000, 10, 8) == 1
-    assert auto_block(0, 1, 1) == 1
 
 
 def test_auto_chunk_keeps_what_fits():

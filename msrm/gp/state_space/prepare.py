@@ -36,11 +36,10 @@ from .sde import n_states as sde_states
 # The sequential scan absorbs together every node whose window ends inside a block of C grid steps: one
 # covariance update of rank (their count x K) per block. A sub-step has a fixed cost (tens of small operations,
 # one small LU, the prediction's row and column writes) beside its S^2 x rank products, and a longer block also
-# lengthens the ring (S grows by K per extra step). By default C is chosen per run so that a block's update has
-# about TARGET_RANK columns on average; ``msrm_lab.bench.state_space.block_rows`` measures value+gradient against C
-# (the state-space chapter's block table).
-TARGET_RANK = 48
-MAX_BLOCK = 32
+# lengthens the ring (S grows by K per extra step). Which C is fastest depends on the machine: by default it is
+# chosen per run by a cost model whose coefficients are measured on this CPU and cached (:mod:`.tuning`);
+# ``msrm_lab.bench.state_space.block_rows`` measures value+gradient against C (the state-space chapter's block
+# table).
 
 # The reverse pass reads each sub-step's state. By default (``checkpoint_every=None``) every state is kept, and
 # nothing recomputed, when all the covariances fit in KEEP_BYTES; otherwise the scan is cut into about
@@ -49,7 +48,7 @@ MAX_BLOCK = 32
 # reverse pass walks back through them.
 KEEP_BYTES = 64 * 2**20
 
-__all__ = ["TARGET_RANK", "KEEP_BYTES", "StateSpaceOptions", "auto_block", "auto_chunk", "GroupTable", "RunTables",
+__all__ = ["KEEP_BYTES", "StateSpaceOptions", "auto_block", "schedule_shape", "auto_chunk", "GroupTable", "RunTables",
            "SSRun", "StateSpacePrepared", "prepare_run_tables", "prepare_options", "prepare"]
 
 
@@ -107,6 +106,10 @@ class RunTables:
         embedding: ``"exact"``, ``"rational"`` or ``"laguerre"``; parallel: use the associative scan.
         groups: tuple of GroupTable; bank_M (n, n), bank_v (n,) or None.
         method: ``"callback"`` (the sequential scan on the host, :mod:`.host`) or ``"native"`` (XLA).
+        block_source: where C came from: ``"option"`` (``block=``), ``"parallel"`` (the associative scan), or the
+            source of the cost model's coefficients (``"measured"``, ``"cached"``, ``"default"``, ``"override"``,
+            :mod:`.tuning`). block_predicted_s: the model's seconds for one value+gradient at C (None unless
+            chosen by the model).
     """
 
     block_index: np.ndarray
@@ -129,6 +132,8 @@ class RunTables:
     bank_M: np.ndarray | None
     bank_v: np.ndarray | None
     method: str = "native"
+    block_source: str = "option"
+    block_predicted_s: float | None = None
 
     @property
     def ring_offset(self) -> int:
@@ -190,8 +195,9 @@ class StateSpaceOptions:
         checkpoint_every: sub-steps per checkpointed chunk of the sequential scan; None chooses it with
             :func:`auto_chunk` (one chunk when every state fits :data:`KEEP_BYTES`, else about sqrt(sub-steps));
             0 = no checkpointing (every state kept).
-        block: grid steps per block of the sequential scan; None chooses it per run with :func:`auto_block`. The
-            value does not change the density.
+        block: grid steps per block of the sequential scan; None chooses it per run with :func:`auto_block` (the
+            cost model of :mod:`.tuning`, with this machine's measured coefficients). The value does not change
+            the density.
     """
 
     method: str = "auto"
@@ -231,11 +237,42 @@ def auto_chunk(n_sub: int, n_states: int, keep_bytes: int = KEEP_BYTES) -> int:
     return max(1, math.ceil(math.sqrt(n_sub)))
 
 
-def auto_block(n_nodes: int, n_grid: int, K: int) -> int:
-    """Grid steps per block for a run of ``n_nodes`` nodes on ``n_grid`` grid points with K factors: about
-    :data:`TARGET_RANK` update columns per block, between 1 and ``min(MAX_BLOCK, n_grid)``."""
-    per_step = max(n_nodes, 1) / max(n_grid, 1)
-    return int(min(max(round(TARGET_RANK / (K * per_step)), 1), MAX_BLOCK, max(n_grid, 1)))
+def schedule_shape(lay, ends, C: int, n_bank: int, L: int, options: StateSpaceOptions) -> tuple:
+    """What the cost model needs of a run's schedule at block length C, without building its tables:
+    ``(sub-steps, sub-steps absorbing nodes, S, nodes, recompute)``; ``recompute``: the reverse pass recomputes
+    checkpointed chunks."""
+    J, K = lay.n_grid, lay.n_factors
+    d = sde_states(lay.kernel)
+    n_units = -(-J // C)
+    units = [e // C for e in ends]
+    piles = [(min(g.window.width - 1, J - 1) // C, (J - 1) // C) for g in lay.groups]
+    reps = np.ones(n_units, dtype=np.int64)
+    total = np.zeros(n_units, dtype=np.int64)
+    for u, p in zip(units, piles):
+        counts, M = _group_counts(u, n_units, p)
+        reps = np.maximum(reps, -(-counts // M))
+        total += counts
+    n_sub = int(reps.sum())
+    n_occ = int(reps[total > 0].sum())
+    S = K * (d + C * (-(-L // C) + 1) + n_bank)
+    every = options.checkpoint_every
+    if every == 0:
+        recompute = False
+    elif every is None:
+        recompute = auto_chunk(n_sub, S) < n_sub
+    else:
+        recompute = int(every) < n_sub
+    return n_sub, n_occ, S, int(total.sum()), recompute
+
+
+def auto_block(lay, ends, n_bank: int, L: int, options: StateSpaceOptions, coefficients=None):
+    """The block length of one run the cost model of :mod:`.tuning` predicts fastest on this machine (its
+    :class:`~msrm.gp.state_space.tuning.BlockChoice`); ``coefficients`` default to this machine's
+    (:func:`~msrm.gp.state_space.tuning.machine_coefficients`)."""
+    from .tuning import choose_block
+
+    return choose_block(lambda C: schedule_shape(lay, ends, C, n_bank, L, options), lay.n_grid, lay.n_factors,
+                        coefficients)
 
 
 def _group_counts(units: np.ndarray, n_units: int, piles: tuple[int, ...]) -> tuple[np.ndarray, int]:
@@ -360,7 +397,14 @@ def prepare_run_tables(gp: RunPrepared, options: StateSpaceOptions, method: str)
     modes, L, bank = _ring_or_bank(lay, options)
     n_bank = int(options.n_states) if bank is not None else 0
     ends = _window_ends(lay)
-    C = 1 if parallel else int(min(options.block, J)) if options.block is not None else auto_block(lay.n_nodes, J, K)
+    source, predicted = "option", None
+    if parallel:
+        C, source = 1, "parallel"
+    elif options.block is not None:
+        C = int(min(options.block, J))
+    else:
+        choice = auto_block(lay, ends, n_bank, L, options)
+        C, source, predicted = choice.block, choice.source, choice.predicted_s
     n_ring = L if parallel else C * (-(-L // C) + 1)
     index, predict, locals_, chunk, n_chunks, checkpoint = _schedule(lay, ends, C, n_ring, n_bank, options)
     return RunTables(
@@ -369,6 +413,7 @@ def prepare_run_tables(gp: RunPrepared, options: StateSpaceOptions, method: str)
         chunk=chunk, n_chunks=n_chunks, checkpoint=checkpoint, embedding=options.response_embedding,
         parallel=parallel, groups=_group_tables(lay, modes, locals_, ends, C, n_ring, bank, parallel),
         bank_M=None if bank is None else bank["M"], bank_v=None if bank is None else bank["v"], method=method,
+        block_source=source, block_predicted_s=predicted,
     )
 
 
