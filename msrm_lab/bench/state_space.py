@@ -18,8 +18,8 @@ from typing import Any
 from .measure import PeakMemory, warm_median
 from .rows import make_row
 
-__all__ = ["SIZES", "NOTEBOOK", "NOTE_STATES_PER_FACTOR", "note_staging_bytes", "memory_rows", "speed_rows",
-           "ladder_rows", "bank_rows", "block_rows", "parallel_rows", "all_rows"]
+__all__ = ["SIZES", "NOTEBOOK", "NOTE_STATES_PER_FACTOR", "TARGETS", "note_staging_bytes", "memory_rows",
+           "speed_rows", "ladder_rows", "bank_rows", "block_rows", "parallel_rows", "target_rows", "all_rows"]
 
 NOTEBOOK = "state_space"
 NOTE_STATES_PER_FACTOR = 50
@@ -29,20 +29,29 @@ SIZES: dict[str, dict[str, Any]] = {
     # of seconds on two cores, so it builds few of them and leaves the associative scan to the slow tests)
     "smoke": dict(profile="tiny", n_features=3, K=2, ladder_K=2, scales=[1], grouped_scales=[1],
                   block_cases=[dict(K=2, scale=1, blocks=[2, None])], speed_repeats=1,
+                  targets=dict(long_K=2, long_scale=1.0, rival_blocks=[], ratio_K=2, repeats=1),
                   bank_states=[4], parallel=None, parallel_cpu=None, repeats=1, time_budget_s=30.0),
     "quick": dict(profile="one-eighth", n_features=36, K=3, ladder_K=5, scales=[1, 2, 4], grouped_scales=[1, 2],
                   block_cases=[dict(K=3, scale=1, blocks=[2, 4, 8, 16, None])], speed_repeats=3,
+                  targets=dict(long_K=5, long_scale=2.0, rival_blocks=[5, 8], ratio_K=3, repeats=3),
                   bank_states=[2, 4, 8, 16, 32], parallel=dict(duration_scale=0.25, K=2),
                   parallel_cpu=dict(duration_scale=0.25, K=2), repeats=2, time_budget_s=60.0),
     "note": dict(profile="one-eighth", n_features=3600, K=3, ladder_K=5, scales=[1, 2, 4, 8],
                  block_cases=[dict(K=3, scale=1, blocks=[2, 4, 6, 8, 12, 16, None]),
                               dict(K=5, scale=8, blocks=[2, 4, 6, 8, 12, None])], speed_repeats=7,
+                 # the three gradient targets (TARGETS); rival_blocks: fixed block lengths timed beside the tuned one
+                 targets=dict(long_K=5, long_scale=8.0, rival_blocks=[5, 8], ratio_K=3, repeats=5),
                  grouped_scales=[1, 2, 4, 8], bank_states=[2, 4, 8, 16, 24, 32, 48],
                  # the log-depth scan does a dense S x S solve per element and level: on a CPU, where nothing
                  # runs the elements side by side, it is measured on a quarter of the length
                  parallel=dict(duration_scale=1.0, K=3), parallel_cpu=dict(duration_scale=0.25, K=3), repeats=3,
                  time_budget_s=300.0),
 }
+
+
+# The gradient targets: one-run x8 K = 5 state-space value+grad (seconds, at most), grouped value+grad over its
+# POTRF+POTRI floor at the same NK (at most), grouped over state space at one-eighth K = 3 (at least).
+TARGETS = dict(long_value_and_grad_s=1.0, grouped_over_floor=1.5, grouped_over_state_space=5.0)
 
 
 def note_staging_bytes(count: int, K: int, states_per_factor: int = NOTE_STATES_PER_FACTOR) -> int:
@@ -81,7 +90,14 @@ def _model(data, spec, backend: str, **options):
 def _ss_params(model) -> dict:
     t = model.prepared.runs[0].tables
     return dict(n_states=t.n_states, n_steps=t.n_steps, sub_steps=int(t.block_index.size), block=t.block,
-                filter_method=t.method, chunk=t.chunk, n_chunks=t.n_chunks, slots=t.n_slots)
+                filter_method=t.method, chunk=t.chunk, n_chunks=t.n_chunks, slots=t.n_slots,
+                block_source=t.block_source, block_predicted_s=t.block_predicted_s)
+
+
+def _spread(samples) -> dict:
+    import numpy as np
+
+    return dict(min_s=float(np.min(samples)), max_s=float(np.max(samples)), samples=[float(x) for x in samples])
 
 
 def memory_rows(size: str, *, info=None) -> list[dict]:
@@ -283,10 +299,74 @@ def parallel_rows(size: str, *, info=None) -> list[dict]:
     return rows
 
 
+def target_rows(size: str, *, info=None) -> list[dict]:
+    """The three gradient targets (:data:`TARGETS`) beside their measured values, each timed by alternating calls
+    in this process (median, min, max over ``repeats``):
+
+    * ``long_value_and_grad_s``: one-run state-space value+grad at ``long_scale`` x the duration, K = ``long_K``,
+      with the block length chosen for this machine (:mod:`msrm.gp.state_space.tuning`), alternating with the
+      fixed ``rival_blocks`` (their rows say ``requested``);
+    * ``grouped_over_floor``: grouped value+grad over POTRF+POTRI at its NK (:func:`msrm_lab.bench.gp.floor_function`),
+      K = ``ratio_K``;
+    * ``grouped_over_state_space``: grouped over state space (tuned block) on the same data, K = ``ratio_K``.
+
+    Every row carries the machine's block-model coefficients and where they came from."""
+    import numpy as np
+
+    from msrm.gp.state_space import tuning
+
+    from .gp import floor_function
+    from .measure import side_by_side
+
+    sz = SIZES[size]
+    tg = sz["targets"]
+    coeffs = tuning.machine_coefficients()
+    tune = dict(tuning=coeffs.as_dict(), tuning_cache=str(tuning.cache_path()), profile=sz["profile"],
+                n_features=sz["n_features"])
+    rows: list[dict] = []
+
+    # 1. the long run: tuned block against fixed ones
+    data, truth = _case(sz, K=tg["long_K"], duration_scale=float(tg["long_scale"]))
+    models = {"auto": _model(data, truth.spec, "state_space")}
+    for b in tg["rival_blocks"]:
+        if b != models["auto"].prepared.runs[0].tables.block:
+            models[str(b)] = _model(data, truth.spec, "state_space", block=b)
+    u = models["auto"].unconstrain(truth.params)
+    times = side_by_side({k: (lambda m=m: m.value_and_grad(u)) for k, m in models.items()}, repeats=tg["repeats"])
+    base = dict(tune, K=tg["long_K"], scale=tg["long_scale"])
+    for k, m in models.items():
+        rows.append(make_row(NOTEBOOK, "targets", "long_value_and_grad_s", float(np.median(times[k])), "s",
+                             info=info, target=TARGETS["long_value_and_grad_s"], target_kind="at most",
+                             requested=k, measured="alternating calls", **_spread(times[k]), **base,
+                             **_ss_params(m)))
+    del models, u
+
+    # 2 and 3. one-eighth K = ratio_K: grouped, its floor, and the state space side by side
+    data, truth = _case(sz, K=tg["ratio_K"])
+    ss, gr = _model(data, truth.spec, "state_space"), _model(data, truth.spec, "grouped")
+    u_ss, u_gr = ss.unconstrain(truth.params), gr.unconstrain(truth.params)
+    NK = max(gr.factorization_dims)
+    floor_fn, floor_method = floor_function(NK)
+    times = side_by_side({"grouped": lambda: gr.value_and_grad(u_gr), "floor": floor_fn,
+                          "state_space": lambda: ss.value_and_grad(u_ss)}, repeats=tg["repeats"])
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    base = dict(tune, K=tg["ratio_K"], scale=1.0, NK=NK, measured="alternating calls")
+    for k in ("grouped", "floor", "state_space"):
+        extra = _ss_params(ss) if k == "state_space" else dict(floor=floor_method) if k == "floor" else {}
+        rows.append(make_row(NOTEBOOK, "targets", f"{k}_median_s", med[k], "s", info=info, **_spread(times[k]),
+                             **base, **extra))
+    rows.append(make_row(NOTEBOOK, "targets", "grouped_over_floor", med["grouped"] / med["floor"], "x", info=info,
+                         target=TARGETS["grouped_over_floor"], target_kind="at most", floor=floor_method, **base))
+    rows.append(make_row(NOTEBOOK, "targets", "grouped_over_state_space", med["grouped"] / med["state_space"], "x",
+                         info=info, target=TARGETS["grouped_over_state_space"], target_kind="at least", **base,
+                         **_ss_params(ss)))
+    return rows
+
+
 def all_rows(size: str, *, info=None, progress=None) -> list[dict]:
     """Every state-space measurement of a profile, in the order the chapter shows them."""
     rows = []
-    for fn in (memory_rows, speed_rows, bank_rows, block_rows, parallel_rows):
+    for fn in (memory_rows, speed_rows, bank_rows, block_rows, parallel_rows, target_rows):
         rows += fn(size, info=info)
         if progress is not None:
             progress(fn.__name__)
