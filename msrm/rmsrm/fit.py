@@ -12,6 +12,10 @@ The objective J after every step is kept in ``step_objectives`` (n_iter, 4). Ste
 the joint response criterion step 4 does not either, with the marginal one it never raises that criterion (J
 may rise there and falls again at the next latent step). The fit stops when the relative change of J over an
 iteration is below ``tol`` (converged) or after ``max_iter`` iterations.
+
+BLAS threads: every step runs on the count ``msrm.runtime.step_blas_threads`` chooses for it (the banded latent
+solves and the marginal step on one thread, dense steps by the size of their products and the idle cores), unless
+``msrm.runtime.configure(blas_threads=...)`` fixed one.
 """
 from __future__ import annotations
 
