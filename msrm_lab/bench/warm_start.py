@@ -70,7 +70,8 @@ def first_call(cfg: dict, linear_algebra: str, method: str, cache_dir: str | Non
             "jax": jax.__version__, "backend": jax.default_backend(), "num_params": int(model.num_params)}
 
 
-def _child(cfg: dict, linear_algebra: str, method: str, cache_dir: str, timeout_s: float) -> dict:
+def _child(cfg: dict, linear_algebra: str, method: str, cache_dir: str, timeout_s: float,
+           python: str | None = None) -> dict:
     from msrm_lab.processes import kill_group
 
     root = str(Path(__file__).resolve().parents[2])
@@ -79,7 +80,7 @@ def _child(cfg: dict, linear_algebra: str, method: str, cache_dir: str, timeout_
     arg = json.dumps({"cfg": {k: v for k, v in cfg.items() if isinstance(v, (str, int, float))},
                       "linear_algebra": linear_algebra, "method": method, "cache_dir": cache_dir})
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "msrm_lab.bench.warm_start", arg], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([python or sys.executable, "-m", "msrm_lab.bench.warm_start", arg], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -95,7 +96,8 @@ def _child(cfg: dict, linear_algebra: str, method: str, cache_dir: str, timeout_
 
 
 def warm_start_rows(profile: str = "quick", *, info: dict | None = None, repeats: int | None = None,
-                    linear_algebras: tuple[str, ...] | None = None, methods: tuple[str, ...] | None = None) -> list[dict]:
+                    linear_algebras: tuple[str, ...] | None = None, methods: tuple[str, ...] | None = None,
+                    python: str | None = None) -> list[dict]:
     """Rows of the warm-start experiment (module docstring) for one profile (``smoke``, ``quick``, ``note``).
 
     Args:
@@ -103,6 +105,8 @@ def warm_start_rows(profile: str = "quick", *, info: dict | None = None, repeats
             child processes' JAX version and backend.
         repeats: processes per cache state and case (the profile's otherwise; the note's figures use 3 or more).
         linear_algebras, methods: override the profile's cases.
+        python: the interpreter of the child processes (default: this one), e.g. an environment with another JAX
+            version; the rows record the children's JAX version (``jax_child``).
     """
     from msrm.runtime import execution_info
 
@@ -123,7 +127,7 @@ def warm_start_rows(profile: str = "quick", *, info: dict | None = None, repeats
                 for i in range(reps):
                     cache = os.path.join(tmp, f"cache{i}")
                     for state in ("cold", "warm"):
-                        res[state].append(_child(cfg, la, method, cache, cfg["timeout_s"]))
+                        res[state].append(_child(cfg, la, method, cache, cfg["timeout_s"], python))
             common = dict(profile=profile, data_profile=cfg["data_profile"], n_features=cfg["n_features"],
                           n_runs=1, K=cfg["n_factors"], linear_algebra=la, method=method, repeats=reps,
                           jax_child=res["cold"][0]["jax"], backend_child=res["cold"][0]["backend"],
