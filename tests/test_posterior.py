@@ -69,6 +69,9 @@ def test_timings_leapfrogs_and_inference_data(run):
     n_steps = post.sample_stats["n_steps"]
     assert post.num_leapfrog == int(n_steps.sum()) > 0
     assert post.num_leapfrog_warmup is not None and post.num_leapfrog_warmup > 0
+    warm = post.warmup_n_steps
+    assert warm.shape == (2, SETTINGS["num_warmup"]) and warm.dtype == np.int64 and warm.min() >= 1
+    assert int(warm.sum()) == post.num_leapfrog_warmup
     assert post.seconds_per_leapfrog == pytest.approx(post.timings["sampling"] / post.num_leapfrog)
     assert post.map_result is not None and post.map_result.converged
     idata = post.inference_data
@@ -140,7 +143,19 @@ def test_bad_arguments_raise_before_numerics():
         sample(m, num_samples=0, progress=False)
     with pytest.raises(ValueError, match="init must be 'map', 'prior'"):
         sample(m, init="mode", progress=False)
+    with pytest.raises(ValueError, match="map_options must be a dict"):
+        sample(m, map_options=50, progress=False)
+    with pytest.raises(ValueError, match=r"map_options: \['seed'\] are set by sample"):
+        sample(m, map_options={"seed": 1}, progress=False)
     assert m.num_value_and_grad == 0
+
+
+def test_map_options_reach_the_map_fit():
+    msrm.runtime.enable_x64()
+    m = ToyModel(seed=2)
+    post = sample(m, init="map", map_options={"maxiter": 2}, num_warmup=5, num_samples=5, max_tree_depth=3,
+                  seed=0, progress=False, diagnostics=False)
+    assert post.map_result is not None and post.map_result.diagnostics["iterations"] <= 2
 
 
 @pytest.mark.slow

@@ -68,6 +68,8 @@ class Posterior:
         resumed: sampling started from a warm-up checkpoint.
         map_result: the MAP fit used as start (init="map").
         sample_stats: per-draw sample stats (chains, draws) by name.
+        warmup_n_steps: (chains, num_warmup) leapfrog steps of every warm-up iteration (NumPyro's ``num_steps``),
+            or None when warm-up draws were not collected.
         model: the model the draws belong to (needed by :meth:`latent_posterior` and :meth:`predict`).
         progress: the progress setting of :func:`sample`, the default of those two methods.
     """
@@ -84,6 +86,7 @@ class Posterior:
     resumed: bool = False
     map_result: Any = None
     sample_stats: dict = field(default_factory=dict)
+    warmup_n_steps: np.ndarray | None = None
     model: Any = field(default=None, repr=False, compare=False)
     progress: bool = False
 
@@ -349,13 +352,14 @@ def _as_vector(model, value) -> np.ndarray:
     return u
 
 
-def _starts(model, init, num_chains: int, seed: int, init_jitter: float, progress: bool):
+def _starts(model, init, num_chains: int, seed: int, init_jitter: float, progress: bool,
+            map_options: dict | None = None):
     """(num_chains, d) start points and the MAP result (if computed)."""
     map_result = None
     rng = np.random.default_rng([seed, 7])
     if isinstance(init, str):
         if init == "map":
-            map_result = fit_map(model, seed=seed, progress=progress)
+            map_result = fit_map(model, seed=seed, progress=progress, **(map_options or {}))
             base = map_result.u
         elif init == "prior":
             return np.stack([np.asarray(model.prior_draw(seed + c), dtype=np.float64) for c in range(num_chains)]), None
@@ -390,6 +394,7 @@ def sample(
     init_jitter: float = 0.1,
     diagnostics: bool = True,
     collect_warmup_stats: bool | None = None,
+    map_options: dict | None = None,
 ) -> Posterior:
     """NUTS on the unconstrained vector of ``model``; see the module docstring.
 
@@ -408,11 +413,14 @@ def sample(
         diagnostics: compute :func:`msrm.diagnostics.summarize` (timed) into ``Posterior.summary``.
         collect_warmup_stats: collect warm-up tree sizes (needs warm-up draws in memory); default when they
             take under 256 MB.
+        map_options: keywords of :func:`msrm.gp.map.fit_map` for ``init="map"`` (e.g. ``{"maxiter": 50}`` for a
+            short MAP); ``seed`` and ``progress`` come from this call.
     """
     import jax
     import numpyro  # noqa: F401  (a missing `bayes` extra is an ImportError before any start point is computed)
 
     _check_arguments(model, num_warmup, num_samples, num_chains, chain_method, max_tree_depth, pointwise_loglik)
+    map_options = _checked_map_options(map_options)
     timings: dict[str, float] = {}
     t_total = time.perf_counter()
     settings = _sampler_settings(model, num_warmup, num_chains, chain_method, max_tree_depth, dense_mass,
@@ -425,7 +433,7 @@ def sample(
         if resume:
             starts, map_result = None, None
         else:
-            starts, map_result = _checked_starts(model, init, num_chains, seed, init_jitter, progress)
+            starts, map_result = _checked_starts(model, init, num_chains, seed, init_jitter, progress, map_options)
         kernel, mcmc = _nuts(model, num_warmup, num_samples, num_chains, chain_method, max_tree_depth, dense_mass,
                              target_accept_prob, progress)
     rng_key = jax.random.PRNGKey(seed)
@@ -453,6 +461,8 @@ def sample(
         loglik = _pointwise_loglik(model, draws_u) if pointwise_loglik else None
 
     num_leapfrog = int(stats["n_steps"].sum())
+    warm_n_steps = warm_steps
+    warm_steps = None if warm_n_steps is None else int(warm_n_steps.sum())
     per_leapfrog = _seconds_per_leapfrog(stats["n_steps"], timings["sampling"], chain_method, num_chains)
     info = model.execution_info() if hasattr(model, "execution_info") else execution_info(include_jax=True)
     observed = _observed(model)
@@ -474,7 +484,7 @@ def sample(
         inference_data=idata, timings=timings, execution_info=info, num_leapfrog=num_leapfrog,
         num_leapfrog_warmup=warm_steps, seconds_per_leapfrog=per_leapfrog, draws_u=draws_u, summary=summary,
         chain_method=str(mcmc.chain_method), resumed=bool(resume), map_result=map_result, sample_stats=stats,
-        model=model, progress=bool(progress),
+        warmup_n_steps=warm_n_steps, model=model, progress=bool(progress),
     )
 
 
@@ -543,9 +553,22 @@ def _check_settings(saved: dict, now: dict, where: Path) -> None:
             raise ValueError(f"checkpoint {where}: {k}={saved[k]!r} was saved, this call has {k}={v!r}")
 
 
-def _checked_starts(model, init, num_chains: int, seed: int, init_jitter: float, progress: bool):
+def _checked_map_options(map_options) -> dict:
+    """``map_options`` as a dict, refusing a non-dict and the keywords :func:`sample` sets itself."""
+    if map_options is None:
+        return {}
+    if not isinstance(map_options, dict):
+        raise ValueError(f"map_options must be a dict of fit_map keywords or None, got {type(map_options).__name__}")
+    taken = sorted({"model", "seed", "progress"} & set(map_options))
+    if taken:
+        raise ValueError(f"map_options: {taken} are set by sample() itself (its seed and progress arguments)")
+    return dict(map_options)
+
+
+def _checked_starts(model, init, num_chains: int, seed: int, init_jitter: float, progress: bool,
+                    map_options: dict | None = None):
     """:func:`_starts`, refusing a chain whose start has a non-finite log density."""
-    starts, map_result = _starts(model, init, num_chains, seed, init_jitter, progress)
+    starts, map_result = _starts(model, init, num_chains, seed, init_jitter, progress, map_options)
     for c, u in enumerate(starts):
         v, _ = model.value_and_grad(u)
         if not np.isfinite(v):
@@ -582,8 +605,8 @@ def _resumed_state(kernel, mcmc, checkpoint, num_chains, chain_method, num_param
 def _warm_up(mcmc, model, starts, num_chains, num_warmup, rng_key, collect_warmup_stats):
     """Run NumPyro's warm-up from ``starts``.
 
-    Returns (post-warm-up state, init_params, wall seconds, compile seconds within them, warm-up leapfrog steps or
-    None when warm-up draws were not collected).
+    Returns (post-warm-up state, init_params, wall seconds, compile seconds within them, (chains, num_warmup)
+    leapfrog steps of every warm-up iteration or None when warm-up draws were not collected).
     """
     import jax
     import jax.numpy as jnp
@@ -598,7 +621,8 @@ def _warm_up(mcmc, model, starts, num_chains, num_warmup, rng_key, collect_warmu
                     collect_warmup=bool(collect_warmup_stats) and num_warmup > 0)
         jax.block_until_ready(mcmc.post_warmup_state)
     if collect_warmup_stats and num_warmup > 0:
-        warm_steps = int(np.asarray(mcmc.get_extra_fields()["num_steps"]).sum())
+        warm_steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["num_steps"]).astype(np.int64)
+        warm_steps = warm_steps.reshape(num_chains, -1)
     wall = time.perf_counter() - t0
     return mcmc.post_warmup_state, init_params, wall, min(acc[0], wall), warm_steps
 
