@@ -51,7 +51,8 @@ class MAPResult:
         diagnostics: gradient norms (``grad_norm`` Euclidean, ``projected_grad_max_abs`` the sup norm of the
             projected gradient that ``gtol`` is compared with; no bounds in ``u``, so it is the gradient's),
             ``converged``, guard events, ``iterations`` (``len(history) - 1``), ``function_evaluations``,
-            seconds per evaluation, rejected non-finite evaluations, the optimiser message and settings
+            seconds per evaluation (``seconds_per_warm_evaluation``: without the first, which may compile),
+            rejected non-finite evaluations, the optimiser message and settings
             (``ftol``, ``gtol``, ``maxcor``), per-phase walls ``phase_seconds`` (``first_evaluation``: the
             first ``value_and_grad`` of the fit, compilation included when the model had not been evaluated
             before; ``optimiser``: the optimiser runs after it, of which ``in_value_and_grad`` inside the model;
@@ -419,6 +420,10 @@ def _diagnostics(model, runs: list[dict], best: int, objective: _Objective, meth
         "total_function_evaluations": evals,
         "seconds_per_evaluation": (
             (objective.seconds / objective.num_evaluations) if objective.num_evaluations else None
+        ),
+        "seconds_per_warm_evaluation": (
+            (objective.seconds - runs[0]["first_evaluation_seconds"]) / (objective.num_evaluations - 1)
+            if objective.num_evaluations > 1 else None
         ),
         "rejected_nonfinite": b["rejected_nonfinite"],
         "total_rejected_nonfinite": objective.num_rejected,
