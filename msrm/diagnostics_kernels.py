@@ -8,7 +8,8 @@ the type-7 quantiles, the R-hat moments, the five ESS variables centred per spli
 monotone sequence on autocovariances computed lag by lag (direct sums) for as long as the sequence runs. A
 variable whose sequence runs past :data:`MAX_DIRECT_LAG` lags, or is foreseen to from its first four lags, is
 handed back with its centred rows for the FFT path of :mod:`msrm.diagnostics` (:func:`pair_power` and
-:func:`geyer_rows` finish it), so every result is exact whatever the autocorrelation.
+:func:`geyer_rows` finish it), so every result is exact whatever the autocorrelation. A tail indicator whose rows
+hold few runs of ones gets every lag sum exactly from its runs instead (:func:`_indicator_lag_sums`).
 
 It needs Numba (the ``bayes`` extra); :mod:`msrm.diagnostics` imports it on its first call. The kernels release
 the GIL, so blocks run concurrently on a thread pool.
@@ -22,6 +23,9 @@ __all__ = ["MAX_DIRECT_LAG", "LONG_RHO", "gather_block", "diagnose_block", "pair
 
 #: Direct autocovariance sums stop here: past it, one FFT per row costs less than further lags.
 MAX_DIRECT_LAG = 48
+#: Indicator series with at most this many pairs of runs of ones per row get every lag sum from their runs
+#: instead of the FFT.
+MAX_RUN_PAIRS = 256
 #: A variable whose lag-1 and lag-3 autocorrelations, extrapolated, exceed this at MAX_DIRECT_LAG goes to the FFT
 #: without direct sums (a guess that decides only the speed).
 LONG_RHO = 0.1
@@ -408,6 +412,82 @@ def geyer_rows(acov, cmv, R, h, out):
 
 
 @nb.njit(**_opts)
+def _indicator_lag_sums(c, R, h, means, slope, out):
+    """Lag sums ``out[t] = sum_r sum_i c[r, i] c[r, i + t]`` (t = 0..h-1) of centred 0/1 rows ``c = I - means``
+    (R rows of h) from the runs of ones: the overlap of two runs as a function of the lag is a trapezoid, whose four
+    slope changes go into ``slope`` (2 h + 1,) scratch, summed twice. A row's ones are its positive entries (a row
+    of all ones or all zeros is centred to 0 and adds nothing). The counts are exact; the cost is the squared
+    number of runs. Returns False, with ``out`` undefined, when the rows hold more than :data:`MAX_RUN_PAIRS` pairs
+    of runs per row (the FFT costs less then)."""
+    pairs = 0
+    for r in range(R):
+        row = c[r * h:(r + 1) * h]
+        k = 0
+        prev = False
+        for i in range(h):
+            one = row[i] > 0.0
+            if one and not prev:
+                k += 1
+            prev = one
+        pairs += k * k
+    if pairs > MAX_RUN_PAIRS * R:
+        return False
+    for t in range(h):
+        out[t] = 0.0
+    for r in range(R):
+        mu = means[r]
+        if not (0.0 < mu < 1.0):
+            continue
+        row = c[r * h:(r + 1) * h]
+        for u in range(2 * h + 1):
+            slope[u] = 0.0
+        # every pair of runs [x0, x1), [y0, y1): |[x0, x1) & [y0 - t, y1 - t)| changes slope by +1 at t = y0 - x1,
+        # -1 at y0 - x0 and at y1 - x1, +1 at y1 - x0 (stored at index t + h)
+        i = 0
+        while i < h:
+            if row[i] > 0.0:
+                x0 = i
+                while i < h and row[i] > 0.0:
+                    i += 1
+                j = 0
+                while j < h:
+                    if row[j] > 0.0:
+                        y0 = j
+                        while j < h and row[j] > 0.0:
+                            j += 1
+                        slope[y0 - i + h] += 1.0
+                        slope[y0 - x0 + h] -= 1.0
+                        slope[j - i + h] -= 1.0
+                        slope[j - x0 + h] += 1.0
+                    else:
+                        j += 1
+            else:
+                i += 1
+        ones = 0.0
+        for k in range(h):
+            if row[k] > 0.0:
+                ones += 1.0
+        sl = 0.0
+        g = 0.0  # overlap count S(t) = sum_{s < t} slope(s)
+        for u in range(h):  # lags -h .. -1
+            sl += slope[u]
+            g += sl
+        tail = 0.0  # ones in [h - t, h)
+        head = 0.0  # ones in [0, t)
+        for t in range(h):
+            # sum_{i < h - t} (I_i - mu)(I_{i+t} - mu) = S(t) - mu (A_t + B_t) + mu^2 (h - t), with
+            # A_t = ones in [0, h - t) and B_t = ones in [t, h)
+            out[t] += g - mu * ((ones - tail) + (ones - head)) + mu * mu * (h - t)
+            sl += slope[t + h]
+            g += sl
+            if row[h - 1 - t] > 0.0:
+                tail += 1.0
+            if row[t] > 0.0:
+                head += 1.0
+    return True
+
+
+@nb.njit(**_opts)
 def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_cmv, finite):
     """Diagnose every parameter of a block ``x`` (P, C, D), D >= 4 (definitions: :mod:`msrm.diagnostics`).
 
@@ -449,6 +529,8 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
     fmeans = np.empty(R)
     rho = np.empty(max(h, 2))
     acov = np.empty(MAX_DIRECT_LAG + 4)
+    acov_all = np.empty(max(h, 4))
+    slope = np.empty(2 * h + 1)
     qs = np.empty(2)
     const = np.empty(N_VARS, np.bool_)
     n_pending = 0
@@ -543,6 +625,9 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
                 _centre_rows(rows[var], R, h, means[var])
             cmv = _var_ddof1(means[var]) if R > 1 else 0.0
             e = _geyer_direct(rows[var], R, h, cmv, rho, acov)
+            if e < 0.0 and (var == 1 or var == 2):  # tail indicators: every lag from the runs, when they are few
+                if _indicator_lag_sums(rows[var], R, h, means[var], slope, acov_all):
+                    e = _geyer(rows[var], R, h, cmv, rho, acov_all, h, 0)
             if e < 0.0:  # -1.0: past the direct lags; -2.0: foreseen after four lags
                 pending[p, var] = 1 if e == -1.0 else 2
                 ess[p, var] = np.nan

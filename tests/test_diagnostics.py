@@ -434,3 +434,38 @@ print(sum(sum(v.values()) for v in misses.values()), misses)
 """
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split()[0] == "0", out.stdout
+
+
+def test_indicator_lag_sums_from_runs_equal_direct_sums_both_sides_of_the_pair_bound():
+    """Lag sums of centred 0/1 rows from their runs of ones equal the direct sums, for rows of few runs (long
+    runs, single ones, rows all ones or all zeros) up to the bound on pairs of runs; past it the FFT is left to."""
+    K = diag._kernels()
+    rng = np.random.default_rng(59)
+    R, h = 8, 300
+
+    def rows_with_runs(n_runs):
+        y = np.zeros((R, h))
+        for r in range(R):
+            starts = np.sort(rng.choice(h // 3, n_runs, replace=False)) * 3
+            for a in starts:
+                y[r, a:a + rng.integers(1, 3)] = 1.0  # runs of one or two, never touching
+        return y
+
+    def direct(c):
+        return np.array([sum(c[r, : h - t] @ c[r, t:] for r in range(R)) for t in range(h)])
+
+    bound = int(np.sqrt(K.MAX_RUN_PAIRS))  # runs per row at the bound
+    cases = [rows_with_runs(1), rows_with_runs(bound), rows_with_runs(bound + 1)]
+    long_runs = np.zeros((R, h))
+    long_runs[:, 40:190] = 1.0
+    long_runs[2] = 1.0  # a row of ones
+    long_runs[3] = 0.0  # a row of zeros
+    long_runs[4, 299] = 1.0  # a run at the row's end
+    cases.append(long_runs)
+    for y, ok in zip(cases, (True, True, False, True)):
+        means = y.mean(axis=1)
+        c = (y - means[:, None]).ravel()
+        out = np.empty(h)
+        assert K._indicator_lag_sums(c, R, h, means, np.empty(2 * h + 1), out) is ok
+        if ok:
+            np.testing.assert_allclose(out, direct(c.reshape(R, h)), rtol=1e-12, atol=1e-10)
