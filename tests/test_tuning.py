@@ -130,3 +130,15 @@ def test_every_choice_keeps_the_density(source, fresh_cache, monkeypatch):
     ref = brute_force_loglik(data, truth.spec, truth.params)
     got = float(loglik(theta, p)[0])
     assert abs(got - ref) <= 1e-8 * abs(ref)
+
+
+def test_pipeline_follows_the_machine(monkeypatch):
+    from msrm.gp.state_space import host
+
+    monkeypatch.setattr(host, "PIPELINE_MIN_WORK", None)
+    dear_calls, dear_products = _coeffs(1e-3, 1e-12), _coeffs(1e-9, 1e-8)
+    assert not host.pipeline_pays(335, 46.0, 5, dear_calls)
+    assert host.pipeline_pays(335, 46.0, 5, dear_products)
+    assert not host.pipeline_pays(335, 0.0, 5, dear_products)
+    monkeypatch.setattr(host, "PIPELINE_MIN_WORK", 0.0)  # a fixed threshold overrides the model
+    assert host.pipeline_pays(335, 46.0, 5, dear_calls)

@@ -18,7 +18,7 @@ Checkpointing is the same: the forward pass returns the state at the start of ev
 recomputes one chunk at a time (keeping that chunk's states) before running the adjoint over it.
 :meth:`HostFilter.value_and_grad` runs both passes in one call, so the last chunk (with a single chunk, the whole
 run) is reversed from the states the forward pass kept instead of being recomputed. With
-``pipeline=True`` (two or more CPUs, and sub-steps large enough: :data:`PIPELINE_MIN_WORK`) the recomputation of
+``pipeline=True`` (two or more CPUs, and sub-steps large enough: :func:`pipeline_pays`) the recomputation of
 chunk c - 1 runs on a second thread while the adjoint walks back through chunk c; the adjoints are the same to
 the last bit.
 """
@@ -34,13 +34,35 @@ from scipy.linalg import lapack
 from .filter import absorb_small_vjp, bank_block, qy, sym
 from .prepare import RunTables
 
-__all__ = ["HostFilter", "one_blas_thread"]
+__all__ = ["HostFilter", "one_blas_thread", "pipeline_pays"]
 
-# S^2 x (mean update rank) from which the reverse pass recomputes on a second thread. Below it a sub-step's BLAS
-# work is too small to outweigh the GIL-held bookkeeping the second thread contends for, so the one-thread pass
-# is faster. At one-eighth with K = 3 (S = 222, mean rank 45: 2.2e6) the pass stays on one thread; at x8 with
-# K = 5 (S = 335, rank 46: 5.2e6) it uses the second.
-PIPELINE_MIN_WORK = 4.0e6
+# Whether the reverse pass recomputes on a second thread. Below some size a sub-step's BLAS work is too small to
+# outweigh the GIL-held Python and small-array work the second thread contends for, so the one-thread pass is
+# faster; where that size lies depends on the machine. None: decided by the block-length cost model with this
+# machine's coefficients (:func:`pipeline_pays`); a number: a fixed threshold on S^2 x (mean update rank).
+PIPELINE_MIN_WORK: float | None = None
+# the pass is pipelined when its dense products take at least this many times the sub-step's fixed cost: a ratio
+# of two costs measured on the machine, so it carries across CPUs where an absolute size does not; it lies between
+# the ratios at one-eighth with K = 3 (one thread measured faster) and at x8 with K = 5 (two threads faster)
+PIPELINE_BLAS_OVER_FIXED = 2.5
+
+
+def pipeline_pays(n_states: int, rank: float, K: int, coefficients=None) -> bool:
+    """Whether recomputing on a second thread pays for a sub-step of ``n_states`` states at mean update rank
+    ``rank``: the forward and reverse dense products (BLAS, without the GIL) take at least
+    :data:`PIPELINE_BLAS_OVER_FIXED` times the sub-step's fixed cost (GIL-held calls), by the model of
+    :mod:`.tuning` (``coefficients`` default to this machine's), or S^2 x rank reaches :data:`PIPELINE_MIN_WORK`
+    when that is set."""
+    if rank <= 0:
+        return False
+    if PIPELINE_MIN_WORK is not None:
+        return n_states * n_states * rank >= PIPELINE_MIN_WORK
+    from . import tuning
+
+    c = tuning.machine_coefficients() if coefficients is None else coefficients
+    blas = n_states * n_states * (tuning.PRODUCTS_PER_SUB_STEP * c.gemm(rank)
+                                  + tuning.NARROW_PRODUCTS_PER_SUB_STEP * c.gemm(max(rank / max(K, 1), 1.0)))
+    return blas >= PIPELINE_BLAS_OVER_FIXED * tuning.OPS_PER_SUB_STEP * c.call_s
 
 
 def one_blas_thread():
@@ -112,7 +134,7 @@ class HostFilter:
         rank = float(counts[counts > 0].mean()) * self.K if counts.any() else 0.0
         # the second thread pays off only when BLAS time, which runs without the GIL, outweighs the GIL-held
         # Python and small-array work of a sub-step
-        self.pipeline_pays = self.S * self.S * rank >= PIPELINE_MIN_WORK
+        self.pipeline_pays = pipeline_pays(self.S, rank, self.K)
         self._ar = {}
         if self.n:
             bb = bank_block(t)

@@ -24,7 +24,8 @@ Where the coefficients come from (:func:`machine_coefficients`), in order:
    else ``~/.cache/msrm``), keyed by CPU model, physical cores, BLAS kernel (threadpoolctl's ``internal_api``,
    ``version``, ``architecture``) and the msrm and NumPy versions (:func:`machine_key`);
 3. measured now (:func:`measure`: a fraction of a second of micro-benchmarks on one BLAS thread, as the host
-   filter runs) and written to that file, unless ``MSRM_TUNING=off``;
+   filter runs, each the fastest of a few repeats so that other work on the machine disturbs it little) and
+   written to that file, unless ``MSRM_TUNING=off``; delete the file to measure again;
 4. with ``MSRM_TUNING=off`` (or an unwritable cache and no measurement), :data:`DEFAULT_COEFFICIENTS`, the cost
    model's fallback.
 
