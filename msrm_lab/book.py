@@ -115,7 +115,8 @@ def _preferred(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cell(status: str, value) -> object:
-    if status == "measured" and value is not None and not (isinstance(value, float) and math.isnan(value)):
+    shown = status in ("measured", "projected")
+    if shown and value is not None and not (isinstance(value, float) and math.isnan(value)):
         return value
     return _STATUS_TEXT.get(status, NOT_MEASURED)
 
@@ -324,7 +325,7 @@ def pick(df: pd.DataFrame, notebook: str, experiment: str, metric: str, **params
     the first device by name); ``(None, None, None)`` when nothing was measured. ``params`` filter rows by value.
     """
     sub = df[(df["notebook"] == notebook) & (df["experiment"] == experiment) & (df["metric"] == metric)
-             & (df["status"] == "measured")]
+             & df["status"].isin(("measured", "projected"))]
     for k, v in params.items():
         if k not in sub.columns:
             return None, None, None

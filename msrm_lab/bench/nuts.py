@@ -14,6 +14,14 @@ Measured side by side in one process:
 * ``projection``: wall time of one full chain (1000 warm-up + 1200 draws) from the measured seconds per leapfrog
   at the measured trajectory length (a lower bound: the depth cap of the short run keeps trees small), at 255
   steps (depth 8, "a few hundred") and at 1023 steps (the depth-10 cap).
+
+:func:`chain_rows` measures a longer chain (``nuts_chain``, sizes in :data:`CHAIN_SIZES`) on the state-space
+backend, started from a short MAP, at NUTS's own tree-depth cap: the wall of every phase, the bare gradient timed
+before and after the chain in the same process and seconds per leapfrog against it, the tree depths
+(:func:`tree_depths` of NumPyro's ``num_steps``: their mean, median, maximum and a count per depth, in warm-up and
+in sampling), the adapted step size, divergences, the bulk ESS of the slowest parameter and of each variable, ESS per
+hour, and the full chain (1000 + 1200) projected from the measured seconds per leapfrog at the measured trajectory
+lengths (rows with status ``"projected"``).
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ import numpy as np
 from .measure import PeakMemory, warm_median
 from .rows import make_row
 
-__all__ = ["SIZES", "nuts_rows"]
+__all__ = ["SIZES", "CHAIN_SIZES", "nuts_rows", "chain_rows", "chain_statistics", "tree_depths"]
 
 NOTEBOOK = "gradient_nuts"
 
@@ -45,6 +53,21 @@ SIZES: dict[str, dict[str, Any]] = {
     # factorization only (the LAPACK callback is a CPU path)
     "device": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=15, num_samples=15,
                    max_tree_depth=5, repeats=3, vectorized=True, method="native", compare_methods=False),
+}
+# the nuts_chain experiment: the state-space backend, a MAP of map_maxiter L-BFGS-B iterations as the start, then
+# num_warmup + num_samples NUTS iterations at max_tree_depth (NumPyro's default cap of 10 in the note)
+CHAIN_SIZES: dict[str, dict[str, Any]] = {
+    "smoke": dict(profile="tiny", n_features=4, n_runs=1, n_factors=1, num_warmup=8, num_samples=8,
+                  max_tree_depth=4, map_maxiter=5, repeats=3),
+    # quick: the quick profile's quarter-length one-eighth design, short enough for the runner's quick limit
+    "quick": dict(profile="one-eighth", n_features=36, n_runs=1, n_factors=3, duration_scale=0.25, num_warmup=25,
+                  num_samples=25, max_tree_depth=6, map_maxiter=20, repeats=3),
+    "note": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=200, num_samples=200,
+                 max_tree_depth=10, map_maxiter=50, repeats=5),
+    "full": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=200, num_samples=200,
+                 max_tree_depth=10, map_maxiter=50, repeats=5),
+    "device": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=200, num_samples=200,
+                   max_tree_depth=10, map_maxiter=50, repeats=5),
 }
 FULL_CHAIN = (1000, 1200)  # warm-up, draws
 PHASES = ("initialisation", "compilation", "warmup", "sampling", "draw_conversion", "pointwise_loglik",
@@ -192,4 +215,176 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
                 num_warmup_full=FULL_CHAIN[0], num_samples_full=FULL_CHAIN[1], **nuts_params)
             row("projection", "full_chain_days", secs / 86400.0, "day", steps_per_draw=spd, basis=label,
                 num_warmup_full=FULL_CHAIN[0], num_samples_full=FULL_CHAIN[1], **nuts_params)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ a measured chain
+
+
+def tree_depths(n_steps) -> np.ndarray:
+    """NUTS tree depth of every iteration from its leapfrog count: ``floor(log2(n)) + 1`` for ``n >= 1``.
+
+    NumPyro doubles the trajectory until it turns, diverges or reaches ``max_tree_depth``; after ``d`` doublings it
+    has taken between ``2**(d - 1)`` and ``2**d - 1`` steps (a subtree stopped part-way still counts as a doubling),
+    so the depth is the bit length of ``num_steps``. Computed on integers, so no rounding of ``log2`` enters.
+    """
+    n = np.asarray(n_steps)
+    if n.size and (not np.issubdtype(n.dtype, np.integer) or int(n.min()) < 1):
+        raise ValueError("n_steps must be positive integers (NumPyro's num_steps of every iteration)")
+    return np.vectorize(lambda v: int(v).bit_length(), otypes=[np.int64])(n) if n.size else n.astype(np.int64)
+
+
+def _depth_summary(n_steps: np.ndarray, max_tree_depth: int) -> dict[str, Any]:
+    depth = tree_depths(n_steps).ravel()
+    steps = np.asarray(n_steps).ravel()
+    return {
+        "mean_steps": float(steps.mean()), "median_steps": float(np.median(steps)), "max_steps": int(steps.max()),
+        "total_steps": int(steps.sum()), "mean_depth": float(depth.mean()), "median_depth": float(np.median(depth)),
+        "max_depth": int(depth.max()), "fraction_at_cap": float(np.mean(depth >= max_tree_depth)),
+        "histogram": {d: int(np.sum(depth == d)) for d in range(1, max_tree_depth + 1)},
+    }
+
+
+def chain_statistics(post, max_tree_depth: int) -> dict[str, Any]:
+    """What the ``nuts_chain`` rows report of one :class:`msrm.gp.posterior.Posterior` (any number of chains).
+
+    Returns a dict: ``sampling`` and ``warmup`` (None without warm-up tree sizes) tree summaries (mean, median and
+    maximum of steps and of :func:`tree_depths`, the fraction at the cap, a count per depth 1..max_tree_depth),
+    ``step_size`` (the adapted one, per chain), ``divergences``, ``accept_mean``, ``ess_bulk_min`` with its
+    ``slowest_parameter``, ``ess_bulk_min_by_variable``, ``r_hat_max``, ``unconstrained_sd`` (min and max over
+    parameters of the draws' sd on the sampler's scale), and the seconds per leapfrog of warm-up and sampling.
+    """
+    stats = post.sample_stats
+    out: dict[str, Any] = {"sampling": _depth_summary(stats["n_steps"], max_tree_depth)}
+    warm = post.warmup_n_steps
+    out["warmup"] = _depth_summary(warm, max_tree_depth) if warm is not None and np.size(warm) else None
+    out["step_size"] = [float(v) for v in np.asarray(stats["step_size"])[:, -1]]
+    out["divergences"] = int(np.asarray(stats["diverging"]).sum())
+    out["accept_mean"] = float(np.mean(stats["acceptance_rate"]))
+    summary = post.summary
+    ess = summary["ess_bulk"].astype(float).dropna() if summary is not None and len(summary) else ()
+    if len(ess):  # a parameter with constant draws has no ESS (NaN) and is left out
+        out["ess_bulk_min"] = float(ess.min())
+        out["slowest_parameter"] = str(ess.idxmin())
+        variable = [str(label).split("[")[0] for label in ess.index]
+        out["ess_bulk_min_by_variable"] = {k: float(v) for k, v in ess.groupby(variable).min().items()}
+        r_hat = summary["r_hat"].astype(float).dropna()
+        if len(r_hat):
+            out["r_hat_max"] = float(r_hat.max())
+    sd = post.draws_u.reshape(-1, post.draws_u.shape[-1]).std(axis=0)
+    out["unconstrained_sd"] = {"min": float(sd.min()), "max": float(sd.max())}
+    out["seconds_per_leapfrog"] = post.seconds_per_leapfrog
+    warm_steps = post.num_leapfrog_warmup
+    out["seconds_per_leapfrog_warmup"] = (post.timings["warmup"] / warm_steps) if warm_steps else None
+    return out
+
+
+def chain_rows(profile: str = "quick", *, info: dict | None = None, linear_algebra: str = "state_space",
+               method: str = "auto", seed: int = 0) -> list[dict]:
+    """Rows of the ``nuts_chain`` experiment (see the module docstring; sizes in :data:`CHAIN_SIZES`).
+
+    The bare gradient is ``jax.jit(jax.value_and_grad(model.log_density))``, timed ``repeats`` times at the model's
+    data-driven start before the chain and ``repeats`` times at its last draw after it; its median over both
+    divides the seconds per leapfrog of sampling.
+    """
+    from msrm.runtime import execution_info
+
+    if profile not in CHAIN_SIZES:
+        raise ValueError(f"profile must be one of {sorted(CHAIN_SIZES)}, got {profile!r}")
+    if method not in ("auto", "callback", "native"):
+        raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
+    cfg = CHAIN_SIZES[profile]
+    info = info if info is not None else execution_info(include_jax=True)
+    settings = dict(num_warmup=cfg["num_warmup"], num_samples=cfg["num_samples"],
+                    max_tree_depth=cfg["max_tree_depth"], seed=seed)
+    common = dict(data_profile=cfg["profile"], n_features=cfg["n_features"], n_runs=cfg["n_runs"],
+                  duration_scale=cfg.get("duration_scale", 1.0), K=cfg["n_factors"], linear_algebra=linear_algebra,
+                  method=method, profile=profile, init="map", map_maxiter=cfg["map_maxiter"], **settings)
+    try:
+        model = _model(cfg, linear_algebra, method)
+    except (ImportError, NotImplementedError) as exc:
+        return [make_row(NOTEBOOK, "nuts_chain", "seconds_per_leapfrog", None, "s", status="not_yet_measured",
+                         info=info, reason=f"GPMSRM unavailable: {exc}", **common)]
+    import jax
+    import jax.numpy as jnp
+
+    from msrm.gp.posterior import sample
+
+    common["num_params"] = model.num_params
+    rows: list[dict] = []
+
+    def row(metric, value, unit, status="measured", **extra):
+        rows.append(make_row(NOTEBOOK, "nuts_chain", metric, value, unit, status=status, info=info,
+                             **{**common, **extra}))
+
+    potential_vg = jax.jit(jax.value_and_grad(model.log_density))
+    u0 = jnp.asarray(model.unconstrain(model.initial_params(seed=seed)))
+    t0 = time.perf_counter()
+    jax.block_until_ready(potential_vg(u0))
+    row("potential_compile_s", time.perf_counter() - t0, "s")
+    _, before = warm_median(lambda: potential_vg(u0), repeats=cfg["repeats"], warmup=0)
+
+    with PeakMemory() as mem:
+        post = sample(model, init="map", map_options={"maxiter": cfg["map_maxiter"]}, progress=False,
+                      diagnostics=True, **settings)
+    u_last = jnp.asarray(post.draws_u[0, -1])
+    jax.block_until_ready(potential_vg(u_last))
+    _, after = warm_median(lambda: potential_vg(u_last), repeats=cfg["repeats"], warmup=0)
+    bare = float(np.median(before + after))
+    row("potential_value_and_grad_median_s", bare, "s", samples=before + after, points="start, last draw")
+
+    for phase in (p for p in PHASES if p != "pointwise_loglik"):  # not asked of this chain
+        row("phase_seconds", post.timings[phase], "s", phase=phase)
+    if post.map_result is not None:
+        row("map_iterations", post.map_result.diagnostics.get("iterations", 0), "count")
+    st = chain_statistics(post, cfg["max_tree_depth"])
+    for phase, summ in (("sampling", st["sampling"]), ("warmup", st["warmup"])):
+        if summ is None:
+            continue
+        for metric, key, unit in (("num_leapfrog", "total_steps", "steps"), ("mean_steps", "mean_steps", "steps"),
+                                  ("median_steps", "median_steps", "steps"), ("max_steps", "max_steps", "steps"),
+                                  ("mean_tree_depth", "mean_depth", ""), ("median_tree_depth", "median_depth", ""),
+                                  ("max_tree_depth_reached", "max_depth", ""),
+                                  ("fraction_at_depth_cap", "fraction_at_cap", "")):
+            row(metric, summ[key], unit, nuts_phase=phase)
+        for depth, count in summ["histogram"].items():
+            row("iterations_at_tree_depth", count, "count", nuts_phase=phase, depth=depth)
+    row("step_size_after_adaptation", st["step_size"][0], "")
+    row("divergences", st["divergences"], "count", nuts_phase="sampling")
+    row("mean_accept_prob", st["accept_mean"], "", nuts_phase="sampling")
+    row("unconstrained_sd_min", st["unconstrained_sd"]["min"], "")
+    row("unconstrained_sd_max", st["unconstrained_sd"]["max"], "")
+    if st["seconds_per_leapfrog"]:
+        row("seconds_per_leapfrog", st["seconds_per_leapfrog"], "s", nuts_phase="sampling")
+        row("leapfrog_over_bare_gradient", st["seconds_per_leapfrog"] / bare, "x", nuts_phase="sampling",
+            target=1.3, bare="jax.jit(jax.value_and_grad(model.log_density))")
+    if st["seconds_per_leapfrog_warmup"]:
+        row("seconds_per_leapfrog", st["seconds_per_leapfrog_warmup"], "s", nuts_phase="warmup")
+    if "ess_bulk_min" in st:
+        row("ess_bulk_min", st["ess_bulk_min"], "", parameter=st["slowest_parameter"])
+        for variable, ess in st["ess_bulk_min_by_variable"].items():
+            row("ess_bulk_min_by_variable", ess, "", variable=variable)
+        if "r_hat_max" in st:
+            row("r_hat_max", st["r_hat_max"], "")
+        for basis, secs in (("sampling", post.timings["sampling"]),
+                            ("warmup_and_sampling", post.timings["warmup"] + post.timings["sampling"])):
+            if secs > 0:
+                row("ess_bulk_min_per_hour", st["ess_bulk_min"] / (secs / 3600.0), "1/h", basis=basis,
+                    parameter=st["slowest_parameter"])
+    if mem.delta_bytes is not None:
+        row("peak_memory_delta", mem.delta_bytes, "bytes", memory_method=mem.method)
+
+    # ---- the full chain (1000 + 1200) at the measured seconds per leapfrog and trajectory lengths
+    spl = st["seconds_per_leapfrog"]
+    if spl:
+        warm_mean = st["warmup"]["mean_steps"] if st["warmup"] is not None else st["sampling"]["mean_steps"]
+        bases = (("measured_trajectories", warm_mean, st["sampling"]["mean_steps"]),
+                 ("sampling_trajectories", st["sampling"]["mean_steps"], st["sampling"]["mean_steps"]),
+                 ("depth_cap", 2.0 ** cfg["max_tree_depth"] - 1, 2.0 ** cfg["max_tree_depth"] - 1))
+        for basis, warm_steps, draw_steps in bases:
+            secs = spl * (warm_steps * FULL_CHAIN[0] + draw_steps * FULL_CHAIN[1])
+            extra = dict(basis=basis, warmup_steps_per_iteration=warm_steps, steps_per_draw=draw_steps,
+                         num_warmup_full=FULL_CHAIN[0], num_samples_full=FULL_CHAIN[1], target_hours=8.0)
+            row("full_chain_seconds", secs, "s", status="projected", **extra)
+            row("full_chain_hours", secs / 3600.0, "h", status="projected", **extra)
     return rows

@@ -16,7 +16,7 @@ from msrm.runtime import execution_info
 
 __all__ = ["make_row", "write_rows", "read_rows", "STATUSES"]
 
-STATUSES = ("measured", "not_yet_measured", "refused", "error")
+STATUSES = ("measured", "projected", "not_yet_measured", "refused", "error")
 
 
 def make_row(
@@ -36,7 +36,8 @@ def make_row(
         notebook: the notebook (and book chapter) the row belongs to, e.g. ``"gp_grouped"``.
         experiment: a short name for the measurement, e.g. ``"value_and_grad"``.
         metric: what ``value`` is, e.g. ``"median_s"``.
-        value: the measured number (``None`` unless ``status == "measured"``).
+        value: the measured number (``None`` unless ``status`` is ``"measured"``, or ``"projected"`` for a number
+            computed from measured ones, such as a full chain's wall time from a short chain's cost per step).
         unit: ``"s"``, ``"bytes"``, ``"x"``, ...
         status: one of :data:`STATUSES`.
         info: ``execution_info()`` to attach (computed if omitted).
@@ -44,9 +45,9 @@ def make_row(
     """
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
-    if status == "measured":
+    if status in ("measured", "projected"):
         if value is None or not math.isfinite(float(value)):
-            raise ValueError(f"row {notebook}/{experiment}/{metric}: a measured value must be finite, got {value!r}")
+            raise ValueError(f"row {notebook}/{experiment}/{metric}: a {status} value must be finite, got {value!r}")
         value = float(value)
     return {
         "notebook": notebook,
