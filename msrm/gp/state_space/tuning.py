@@ -175,7 +175,7 @@ def _best(fn, repeats: int, inner: int = 1) -> float:
 
 def measure(repeats: int = 5) -> Coefficients:
     """Measure this machine's :class:`Coefficients` (one BLAS thread, as the host filter runs; well under a second)."""
-    from .host import gemm_acc, one_blas_thread
+    from .blas import gemm_acc, one_blas_thread
 
     rng = np.random.default_rng(0)
     S = _SIZE
