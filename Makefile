@@ -48,8 +48,11 @@ $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
 
 # Reinstall only when pyproject.toml changed since the last install (the stamp records it).
+# The diagnostics' Numba kernels are compiled once here, into Numba's cache beside msrm/diagnostics_kernels.py, so
+# that a user's first call only loads them (run it again after changing that file; a stale entry is recompiled).
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -e '.[$(EXTRAS)]'
+	$(PY) -c 'import msrm.diagnostics as d; d.compile_kernels()'
 	touch $(STAMP)
 
 install: $(STAMP)

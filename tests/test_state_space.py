@@ -227,13 +227,16 @@ def _runs_total(fn):
 
 @pytest.mark.parametrize(
     "kernel,pooling,missing,options",
+    # the default suite keeps one case per pooling and one filter bank; the rest (each compiles an XLA scan and
+    # its reverse) run with the slow tests
     [
         ("matern12", "shared", 0.2, {"checkpoint_every": 2}),
-        ("matern32", "shared", 0.2, {"checkpoint_every": 4, "block": 3}),
-        ("matern52", "shared", 0.0, {"checkpoint_every": 0, "block": 3}),
+        pytest.param("matern32", "shared", 0.2, {"checkpoint_every": 4, "block": 3}, marks=pytest.mark.slow),
+        pytest.param("matern52", "shared", 0.0, {"checkpoint_every": 0, "block": 3}, marks=pytest.mark.slow),
         ("matern32", "individual", 0.2, {"checkpoint_every": 7, "block": 2}),
-        ("matern52", "individual", 0.3, {}),
-        ("matern32", "shared", 0.2, {"response_embedding": "laguerre", "n_states": 4, "checkpoint_every": 2}),
+        pytest.param("matern52", "individual", 0.3, {}, marks=pytest.mark.slow),
+        pytest.param("matern32", "shared", 0.2, {"response_embedding": "laguerre", "n_states": 4,
+                                                 "checkpoint_every": 2}, marks=pytest.mark.slow),
         ("matern12", "individual", 0.2, {"response_embedding": "rational", "n_states": 3, "checkpoint_every": 5,
                                          "block": 3}),
     ],
