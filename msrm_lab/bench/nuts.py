@@ -60,8 +60,8 @@ CHAIN_SIZES: dict[str, dict[str, Any]] = {
     "smoke": dict(profile="tiny", n_features=4, n_runs=1, n_factors=1, num_warmup=8, num_samples=8,
                   max_tree_depth=4, map_maxiter=5, repeats=3),
     # quick: the quick profile's quarter-length one-eighth design, short enough for the runner's quick limit
-    "quick": dict(profile="one-eighth", n_features=36, n_runs=1, n_factors=3, duration_scale=0.25, num_warmup=25,
-                  num_samples=25, max_tree_depth=6, map_maxiter=20, repeats=3),
+    "quick": dict(profile="one-eighth", n_features=36, n_runs=1, n_factors=3, duration_scale=0.25, num_warmup=10,
+                  num_samples=10, max_tree_depth=4, map_maxiter=20, repeats=3),
     "note": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=200, num_samples=200,
                  max_tree_depth=10, map_maxiter=50, repeats=5),
     "full": dict(profile="one-eighth", n_features=3600, n_runs=1, n_factors=3, num_warmup=200, num_samples=200,
