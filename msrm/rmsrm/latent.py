@@ -30,7 +30,7 @@ from ..runtime import step_blas_limit
 from .objective import RState, Stats, group_theta, slot_weights
 from .prepare import Prepared
 
-__all__ = ["latent_blocks", "blocks_to_lower_band", "pad_tie_lowrank", "solve_latent_banded",
+__all__ = ["latent_blocks", "blocks_to_lower_band", "cholesky_band", "pad_tie_lowrank", "solve_latent_banded",
            "latent_sparse_system", "solve_latent_superlu", "solve_latents", "solve_latents_logdet"]
 
 
@@ -103,6 +103,20 @@ def blocks_to_lower_band(B: np.ndarray) -> np.ndarray:
     return ab
 
 
+def cholesky_band(ab: np.ndarray, diagnostics: list | None = None) -> np.ndarray:
+    """Lower banded Cholesky factor of ``ab`` (LAPACK storage, modified in place on failure): if the band is
+    numerically not positive definite (a factor with no information anywhere), a ridge of 1e-10 times the mean
+    diagonal is added and the event appended to ``diagnostics``."""
+    try:
+        return sla.cholesky_banded(ab, lower=True, check_finite=False)
+    except np.linalg.LinAlgError:
+        ridge = 1e-10 * float(np.mean(ab[0]))
+        ab[0] += ridge
+        if diagnostics is not None:
+            diagnostics.append(f"latent system not positive definite; ridge {ridge:.3g} added")
+        return sla.cholesky_banded(ab, lower=True, check_finite=False)
+
+
 def solve_latent_banded(B: np.ndarray, h: np.ndarray, diagnostics: list | None = None, lowrank=None,
                         logdet: bool = False):
     """Solve ``(band(B) + U C U^T) z = h`` by banded Cholesky and Woodbury (module docstring).
@@ -119,16 +133,8 @@ def solve_latent_banded(B: np.ndarray, h: np.ndarray, diagnostics: list | None =
         (J, K) latents, or ((J, K), log det H) when ``logdet``.
     """
     J, nb, K, _ = B.shape
-    ab = blocks_to_lower_band(B)
     rhs = h.reshape(-1, 1) if lowrank is None else np.concatenate([h.reshape(-1, 1), lowrank[0]], axis=1)
-    try:
-        cb = sla.cholesky_banded(ab, lower=True, check_finite=False)
-    except np.linalg.LinAlgError:
-        ridge = 1e-10 * float(np.mean(ab[0]))
-        ab[0] += ridge
-        cb = sla.cholesky_banded(ab, lower=True, check_finite=False)
-        if diagnostics is not None:
-            diagnostics.append(f"latent system not positive definite; ridge {ridge:.3g} added")
+    cb = cholesky_band(blocks_to_lower_band(B), diagnostics)
     Y = sla.cho_solve_banded((cb, True), rhs, check_finite=False)
     z = Y[:, 0]
     ld = 2.0 * float(np.sum(np.log(cb[0]))) if logdet else None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as sla
 
-from .latent import blocks_to_lower_band, latent_blocks, pad_tie_lowrank
+from .latent import blocks_to_lower_band, cholesky_band, latent_blocks, pad_tie_lowrank
 from .objective import RState, Stats, slot_weights
 from .prepare import Prepared
 
@@ -123,12 +123,7 @@ def run_selected_inverse(prep: Prepared, state: RState, stats: Stats, r: int):
     run = prep.runs[r]
     J, K, nb = run.grid.size, prep.n_factors, prep.band_blocks
     B, _ = latent_blocks(prep, state, stats, r)
-    ab = blocks_to_lower_band(B)
-    try:
-        cb = sla.cholesky_banded(ab, lower=True, check_finite=False)
-    except np.linalg.LinAlgError:  # the same ridge as latent.solve_latent_banded
-        ab[0] += 1e-10 * float(np.mean(ab[0]))
-        cb = sla.cholesky_banded(ab, lower=True, check_finite=False)
+    cb = cholesky_band(blocks_to_lower_band(B))
     band = selected_inverse_banded(cb)
     lowrank = pad_tie_lowrank(prep, r, stats.S)
     tie_trace = 0.0
