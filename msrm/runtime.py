@@ -42,6 +42,7 @@ __all__ = [
     "callback_blas_limit",
     "physical_cores",
     "cpu_model",
+    "cpu_vector_level",
     "blas_info",
     "check_oversubscription",
     "OversubscriptionWarning",
@@ -424,6 +425,38 @@ def cpu_model() -> str:
     return _platform.processor() or _platform.machine()
 
 
+# Widest vector extension first: the first flag the CPU reports names its level. The level decides which BLAS
+# kernel OpenBLAS picks and roughly halves or doubles dense float64 throughput, so two CPUs with the same model
+# string (virtual machines often report only "AMD EPYC") but different levels are different devices.
+_VECTOR_FLAGS = (("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"), ("sve", "sve"), ("asimd", "neon"),
+                 ("neon", "neon"), ("sse2", "sse2"))
+
+
+def cpu_vector_level(flags: str | None = None) -> str | None:
+    """The widest SIMD extension the CPU reports: ``"avx512"``, ``"avx2"``, ``"avx"``, ``"sve"``, ``"neon"``,
+    ``"sse2"``, or None when it cannot be read.
+
+    ``flags`` is the space-separated flag list (``flags`` or ``Features`` line of ``/proc/cpuinfo``); by default
+    it is read from ``/proc/cpuinfo``. On macOS the Apple cores report ``neon``.
+    """
+    if flags is None:
+        flags = ""
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith(("flags", "Features")):
+                    flags = line.split(":", 1)[1]
+                    break
+        except OSError:
+            pass
+        if not flags and _platform.system() == "Darwin" and _platform.machine() == "arm64":
+            flags = "neon"
+    have = set(flags.lower().split())
+    for flag, level in _VECTOR_FLAGS:
+        if flag in have:
+            return level
+    return None
+
+
 def blas_info() -> list[dict[str, Any]]:
     """The BLAS/OpenMP libraries loaded in this process, as threadpoolctl reports them."""
     from threadpoolctl import threadpool_info
@@ -510,6 +543,7 @@ def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
         "arviz": _version("arviz"),
         "numba": _version("numba"),
         "cpu_model": cpu_model(),
+        "cpu_vector_level": cpu_vector_level(),
         "physical_cores": physical_cores(),
         "logical_cpus": os.cpu_count(),
         "blas": blas,

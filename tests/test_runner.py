@@ -8,6 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import msrm
+
 from msrm_lab.notebooks import __main__ as cli
 from msrm_lab.notebooks import cpu_label, cuda_label, device_label, discover, notebook_stem, resolve_device, run_notebook
 from msrm_lab.notebooks.runner import run_notebooks
@@ -109,10 +111,28 @@ def test_bad_arguments_are_refused(tmp_path):
         resolve_device("tpu")
 
 
+def test_cpu_vector_level_reads_the_widest_extension():
+    from msrm.runtime import cpu_vector_level
+
+    assert cpu_vector_level("fpu sse2 avx avx2 fma avx512f avx512dq") == "avx512"
+    assert cpu_vector_level("fpu sse2 avx avx2 fma") == "avx2"
+    assert cpu_vector_level("fp asimd evtstrm sve") == "sve"
+    assert cpu_vector_level("fp asimd evtstrm") == "neon"
+    assert cpu_vector_level("fpu") is None
+    info = msrm.runtime.execution_info()
+    assert info["cpu_vector_level"] == cpu_vector_level()
+
+
 def test_device_labels():
-    assert cpu_label("AMD EPYC 7763 64-Core Processor", 2) == "cpu-amd-epyc-7763-2c"
-    assert cpu_label("AMD EPYC", 2) == "cpu-amd-epyc-2c"
-    assert cpu_label("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz", 56) == "cpu-intel-xeon-platinum-8480-56c"
+    assert cpu_label("AMD EPYC 7763 64-Core Processor", 2, vector=None) == "cpu-amd-epyc-7763-2c"
+    assert cpu_label("AMD EPYC", 2, vector="avx2") == "cpu-amd-epyc-avx2-2c"
+    assert cpu_label("AMD EPYC", 2, vector="avx512") == "cpu-amd-epyc-avx512-2c"
+    assert (cpu_label("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz", 56, vector="avx512")
+            == "cpu-intel-xeon-platinum-8480-avx512-56c")
+    level = msrm.runtime.cpu_vector_level()
+    assert cpu_label("AMD EPYC", 2) == (f"cpu-amd-epyc-{level}-2c" if level else "cpu-amd-epyc-2c")
+    with pytest.raises(ValueError, match="vector"):
+        cpu_label("AMD EPYC", 2, vector="AVX 2")
     assert cuda_label("NVIDIA H200") == "cuda-h200"
     assert cuda_label("NVIDIA GeForce RTX 3090") == "cuda-rtx-3090"
     assert cuda_label("NVIDIA RTX PRO 6000 Blackwell Server Edition") == "cuda-rtx-pro-6000-blackwell-server-edition"

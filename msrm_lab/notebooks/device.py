@@ -1,8 +1,10 @@
 """Device labels for results folders: ``results/<device-label>/<profile>/<notebook>/``.
 
 A label names the platform and the device model so that results from different machines sit side by side:
-``cpu-amd-epyc-7763-2c`` (slug of the CPU model, then the physical core count) or ``cuda-h200`` (slug of the
-GPU's device kind without the vendor). The CPU label never imports JAX; the CUDA label asks JAX in a child
+``cpu-amd-epyc-7763-avx2-2c`` (slug of the CPU model, its widest vector extension, then the physical core count)
+or ``cuda-h200`` (slug of the GPU's device kind without the vendor). The vector extension is part of a CPU's
+label because it selects the BLAS kernel: virtual machines often report a bare "AMD EPYC", and an AVX-512 host
+and an AVX2 host behind that one name differ by up to twice in dense float64 throughput. The CPU label never imports JAX; the CUDA label asks JAX in a child
 process, so the runner itself never initialises a GPU backend.
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ import re
 import subprocess
 import sys
 
-from msrm.runtime import cpu_model, physical_cores
+from msrm.runtime import cpu_model, cpu_vector_level, physical_cores
 
 __all__ = ["slug", "cpu_label", "cuda_label", "gpu_kinds", "resolve_device", "device_label", "DEVICES"]
 
@@ -41,13 +43,21 @@ def slug(text: str) -> str:
     return "-".join(words) or "unknown"
 
 
-def cpu_label(model: str | None = None, cores: int | None = None) -> str:
-    """``cpu-<model slug>-<physical cores>c``, e.g. ``cpu-amd-epyc-7763-2c``."""
+def cpu_label(model: str | None = None, cores: int | None = None, vector: str | None = "auto") -> str:
+    """``cpu-<model slug>-<vector level>-<physical cores>c``, e.g. ``cpu-amd-epyc-7763-avx2-2c``.
+
+    ``vector="auto"`` reads this machine's level (:func:`msrm.runtime.cpu_vector_level`); ``None`` (or a level
+    that cannot be read) leaves it out: ``cpu-amd-epyc-7763-2c``.
+    """
     model = cpu_model() if model is None else model
     cores = physical_cores() if cores is None else cores
     if not isinstance(cores, int) or cores < 1:
         raise ValueError(f"cores must be a positive integer, got {cores!r}")
-    return f"cpu-{slug(model)}-{cores}c"
+    if vector == "auto":
+        vector = cpu_vector_level()
+    if vector is not None and not re.fullmatch(r"[a-z0-9]+", str(vector)):
+        raise ValueError(f"vector must be a lower-case SIMD level such as 'avx2', got {vector!r}")
+    return f"cpu-{slug(model)}-{vector}-{cores}c" if vector else f"cpu-{slug(model)}-{cores}c"
 
 
 def cuda_label(device_kind: str) -> str:
