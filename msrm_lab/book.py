@@ -26,13 +26,17 @@ import pandas as pd
 from .paths import repo_root
 
 __all__ = [
-    "REFERENCE_LABEL", "NOT_MEASURED", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
+    "REFERENCE_LABEL", "NOT_MEASURED", "GPU_COLUMN", "NOT_IN_BUILD", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
     "device_summary", "reference_rows", "figure_paths", "fmt", "show_table", "figure_markdown", "show_figures",
     "devices_in", "param_columns", "pick", "run_statuses", "profile_sittings",
 ]
 
 REFERENCE_LABEL = "note, 2026-09-21"
 NOT_MEASURED = "not yet measured"
+# A device table's stand-in column when this build holds no GPU row at all: a reader must see that the GPU was
+# not measured, not infer it from a missing column.
+GPU_COLUMN = "GPU"
+NOT_IN_BUILD = "not measured in this build"
 # Preferred profile when a device has several: the note's scale first, then full recordings, then quick.
 PROFILE_ORDER = ("note", "full", "quick", "smoke")
 BASE_COLUMNS = ("device", "profile", "notebook", "experiment", "metric", "value", "unit", "status")
@@ -139,8 +143,10 @@ def device_table(
     *,
     all_profiles: bool = False,
     devices: Sequence[str] | None = None,
+    gpu_column: bool = True,
 ) -> pd.DataFrame:
-    """Side-by-side table of one notebook's rows: one column per device (or device and profile).
+    """Side-by-side table of one notebook's rows: one column per device label present in ``df`` (or per device
+    and profile), whether or not that device ran this notebook.
 
     Args:
         df: from :func:`load_results`.
@@ -148,13 +154,24 @@ def device_table(
         experiment, metric: keep only these (a name or a list).
         index: row labels, any columns of ``df`` (params included).
         all_profiles: one column per (device, profile) instead of the preferred profile per device.
-        devices: columns to show even when they have no row (then "not yet measured").
+        devices: further columns to show even when they have no row (then "not yet measured").
+        gpu_column: when no ``cuda-*`` label is present in ``df`` or ``devices``, add a last column
+            :data:`GPU_COLUMN` whose cells read :data:`NOT_IN_BUILD`.
 
     Returns:
         A DataFrame indexed by ``index``; cells hold the measured value or "not yet measured" (status
         ``not_yet_measured`` or no row at all), "refused" or "error". When one cell has several rows the
         latest (by ``info_timestamp``) wins.
     """
+    table = _device_table(df, notebook, experiment, metric, index, all_profiles=all_profiles,
+                          devices=sorted(set(devices or ()) | (set() if all_profiles else set(devices_in(df)))))
+    labels = set(devices or ()) | set(devices_in(df))
+    if gpu_column and not any(str(d).startswith("cuda-") for d in labels):
+        table[GPU_COLUMN] = NOT_IN_BUILD
+    return table
+
+
+def _device_table(df, notebook, experiment, metric, index, *, all_profiles, devices) -> pd.DataFrame:
     sub = df[df["notebook"] == notebook] if "notebook" in df else df.iloc[0:0]
     for col, want in (("experiment", experiment), ("metric", metric)):
         if want is not None:

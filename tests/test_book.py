@@ -75,6 +75,22 @@ def test_device_table_side_by_side_prefers_note_and_says_not_yet_measured(result
     assert mb.pick(df, "linalg", "matmul", "median_s", n=4096) == (None, None, None)
 
 
+def test_device_table_has_a_column_per_device_and_a_gpu_placeholder(tmp_path):
+    _rows(tmp_path, "cpu-a-avx2-2c", "note", "linalg", [make_row("linalg", "matmul", "median_s", 1.5, "s",
+                                                                 info=INFO, n=512)])
+    _rows(tmp_path, "cpu-a-avx512-2c", "note", "state_space", [make_row("state_space", "speed", "median_s", 0.2,
+                                                                        "s", info=INFO)])
+    df = mb.load_results(tmp_path)
+    t = mb.device_table(df, "linalg", metric="median_s", index=["experiment", "n"])
+    # the AVX-512 device ran no linalg row and still has its column; no cuda-* label: the GPU stands in
+    assert list(t.columns) == ["cpu-a-avx2-2c", "cpu-a-avx512-2c", mb.GPU_COLUMN]
+    assert t.loc[("matmul", 512), "cpu-a-avx512-2c"] == mb.NOT_MEASURED
+    assert (t[mb.GPU_COLUMN] == mb.NOT_IN_BUILD).all()
+    assert mb.GPU_COLUMN not in mb.device_table(df, "linalg", index=["n"], gpu_column=False).columns
+    with_gpu = mb.device_table(df, "linalg", index=["n"], devices=["cuda-h200"])
+    assert list(with_gpu.columns) == ["cpu-a-avx2-2c", "cpu-a-avx512-2c", "cuda-h200"]
+
+
 def _status(folder: Path, notebook: str, status: str, wall: float, commit: str = "abc1234def") -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "status.json").write_text(json.dumps({
