@@ -22,6 +22,7 @@ def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("MSRM_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("MSRM_TUNING", raising=False)
     monkeypatch.setattr(tuning, "_MEMO", {})
+    monkeypatch.setattr(tuning, "_machine_busy", lambda: False)
     tuning.set_coefficients(None)
     yield tmp_path
     tuning.set_coefficients(None)
@@ -37,7 +38,7 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 def test_machine_key_names_cpu_cores_blas_and_versions():
     key = tuning.machine_key()
-    assert set(key) == {"cpu_model", "physical_cores", "blas", "msrm", "numpy"}
+    assert set(key) == {"cpu_model", "cpu_vector_level", "physical_cores", "blas", "msrm", "numpy"}
     assert key["physical_cores"] >= 1 and key["numpy"] == np.__version__
 
 
@@ -51,6 +52,17 @@ def test_measured_once_then_read_from_the_cache(fresh_cache):
     tuning._MEMO.clear()  # a new process: read, not measured again
     cached = tuning.machine_coefficients()
     assert cached.source == "cached" and cached.gemm_s == pytest.approx(c.gemm_s)
+
+
+def test_a_measurement_on_a_busy_machine_is_not_cached(fresh_cache, monkeypatch):
+    monkeypatch.setattr(tuning, "_machine_busy", lambda: True)
+    c = tuning.machine_coefficients()
+    assert c.source == "measured_busy" and len(c.gemm_s) == len(tuning.RANKS)
+    assert not tuning.cache_path().exists()
+    assert tuning.machine_coefficients() is c  # measured once per process all the same
+    monkeypatch.setattr(tuning, "_machine_busy", lambda: False)
+    tuning._MEMO.clear()  # a later process on a quiet machine measures and caches
+    assert tuning.machine_coefficients().source == "measured" and tuning.cache_path().exists()
 
 
 def test_a_cache_file_of_another_machine_is_not_used(fresh_cache):

@@ -84,7 +84,8 @@ class Coefficients:
         pass_s: one element of a pass over an S x S float64 array.
         gemm_s: per covariance element of one S x S x R product, at each rank of ``ranks``.
         ranks: the ranks ``gemm_s`` was measured at.
-        source: ``"measured"``, ``"cached"``, ``"default"`` or ``"override"``.
+        source: ``"measured"``, ``"measured_busy"`` (measured while other work kept every core busy, so used in
+            this process only and not cached), ``"cached"``, ``"default"`` or ``"override"``.
     """
 
     call_s: float
@@ -142,7 +143,8 @@ def cache_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def machine_key() -> dict:
-    """What the measured coefficients depend on: CPU model, physical cores, BLAS kernel, msrm and NumPy versions."""
+    """What the measured coefficients depend on: CPU model and vector extension, physical cores, BLAS kernel, msrm
+    and NumPy versions."""
     from ... import __version__, runtime
 
     blas = []
@@ -151,7 +153,8 @@ def machine_key() -> dict:
                        for d in runtime.blas_info() if d.get("user_api") == "blas"}, key=str)
     except Exception:  # pragma: no cover - threadpoolctl failure leaves the kernel unnamed
         pass
-    return dict(cpu_model=runtime.cpu_model(), physical_cores=runtime.physical_cores(),
+    return dict(cpu_model=runtime.cpu_model(), cpu_vector_level=runtime.cpu_vector_level(),
+                physical_cores=runtime.physical_cores(),
                 blas=[list(b) for b in blas], msrm=__version__, numpy=np.__version__)
 
 
@@ -213,9 +216,23 @@ def _read(path: Path) -> Coefficients | None:
 _MEMO: dict = {}
 
 
+def _machine_busy() -> bool:
+    """True when the 1-minute load average exceeds the physical cores: other work then competes with the
+    single-threaded measurement, and its costs would describe the load rather than the machine."""
+    from ... import runtime
+
+    try:
+        return os.getloadavg()[0] > runtime.physical_cores()
+    except OSError:  # pragma: no cover - no load average on this platform
+        return False
+
+
 def machine_coefficients() -> Coefficients:
     """This machine's coefficients: the override, else the cache file, else measured now and cached, else (with
-    ``MSRM_TUNING=off``) :data:`DEFAULT_COEFFICIENTS`. Read or measured once per process and cache folder."""
+    ``MSRM_TUNING=off``) :data:`DEFAULT_COEFFICIENTS`. Read or measured once per process and cache folder.
+
+    A measurement taken while the machine is busy (:func:`_machine_busy`) is used in this process only
+    (``source="measured_busy"``) and not written, so a later process on a quieter machine measures again."""
     if _OVERRIDE[0] is not None:
         return _OVERRIDE[0]
     mode = os.environ.get("MSRM_TUNING", "measure").strip().lower()
@@ -228,7 +245,9 @@ def machine_coefficients() -> Coefficients:
     if memo is not None:
         return memo
     coeffs = _read(path)
-    if coeffs is None:
+    if coeffs is None and _machine_busy():
+        coeffs = dataclasses.replace(measure(), source="measured_busy")
+    elif coeffs is None:
         coeffs = measure()
         try:
             from ... import atomic
