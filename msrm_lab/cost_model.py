@@ -219,7 +219,11 @@ def cost_rows(df: pd.DataFrame) -> list[CostRow]:
     """The value+gradient rows the model is fitted to (measured, float64, the default factorization), with their
     sizes: grouped from the rows' K, features, duration scale and layout through :func:`study_sizes`; state
     space from the rows' own ``n_steps`` and ``n_states`` (single-run rows of the sequential host scan)."""
+    if df.empty or not {"status", "notebook", "experiment", "metric", "value", "device"} <= set(df.columns):
+        return []
     df = df[df["status"] == "measured"].copy()
+    if df.empty:
+        return []
     df["fit_key"] = _fit_keys(df)
     out: list[CostRow] = []
     cache: dict = {}
@@ -228,6 +232,8 @@ def cost_rows(df: pd.DataFrame) -> list[CostRow]:
         for _, r in sel.iterrows():
             backend = _num(r, "backend") or _num(r, "linear_algebra") or "grouped"
             if backend != "grouped" or _num(r, "method", "auto") not in ("auto", "callback"):
+                continue
+            if _num(r, "K") is None or _num(r, "n_features") is None or not _num(r, "value", 0) > 0:
                 continue
             K, F = int(r["K"]), int(r["n_features"])
             scale = float(_num(r, "scale") or _num(r, "duration_scale") or 1.0)
@@ -247,7 +253,8 @@ def cost_rows(df: pd.DataFrame) -> list[CostRow]:
              & df.metric.isin(_STATE_SPACE_METRICS)]
     for _, r in sel.iterrows():
         T, S = _num(r, "n_steps"), _num(r, "n_states")
-        if T is None or S is None or _num(r, "filter_method") != "callback" or _num(r, "parallel") is True:
+        if (T is None or S is None or _num(r, "K") is None or not _num(r, "value", 0) > 0
+                or _num(r, "filter_method") != "callback" or bool(_num(r, "parallel", False))):
             continue
         scale = float(_num(r, "scale") or _num(r, "duration_scale") or 1.0)
         out.append(CostRow(r["fit_key"], "state_space", (float(T) * float(S) ** 2,), float(r["value"]),
