@@ -20,8 +20,8 @@ Masked (never counted):
 Counted: digits with optional ``,`` thousands separators, a decimal part, an exponent (``1e133``), a leading sign,
 a trailing ``%``, a fraction ``3/2``, and the multiplier forms ``8x``, ``8×``, ``x8``, ``×8``. Digits that are part
 of an identifier are not standalone: a letter, digit, ``_`` or identifier joiner (``-``, ``.``, ``/`` after a
-letter) directly before them, or a letter directly after them (``float64``, ``H200``, ``cuda13``,
-``Matérn-5/2``, ``AVX-512``, ``2nd``, ``1.x``).
+letter, ``(`` after a letter) directly before them, or a letter directly after them (``float64``, ``H200``,
+``cuda13``, ``Matérn-5/2``, ``AVX-512``, ``AR(1)``, ``2nd``, ``1.x``).
 
 :func:`unexplained_numbers` drops the tokens listed in the allow-list (``book/_prose_allow.txt``, one
 ``token | why`` a line, ``#`` comments), which is for small definitions, never for measurements.
@@ -72,7 +72,7 @@ _TOKEN = re.compile(
     r")"
 )
 _IDENT_BEFORE = re.compile(r"[\w]$")
-_JOINER = re.compile(r"[\w][-./]$")
+_JOINER = re.compile(r"[\w][-./(]$")
 
 
 def _blank(s: str) -> str:

@@ -35,7 +35,7 @@ def test_counts_each_token_form(text, expected):
 @pytest.mark.parametrize("text", [
     "float64 on an H200 with cuda13 and AVX-512 or AVX2",
     "a Matérn-5/2 kernel and Matérn-3/2",
-    "the 2nd and 3rd runs, x86_64, jaxlib 1.x",
+    "the 2nd and 3rd runs, x86_64, jaxlib 1.x, AR(1) draws",
     "one-eighth of it, two of three",
     "the device cpu-amd-epyc-avx512-2c",
 ])
