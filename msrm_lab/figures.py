@@ -3,7 +3,9 @@
 Every function takes the DataFrame of :func:`msrm_lab.book.load_results` (or, for :func:`recovered_latents`, a
 small fit made on the spot) and returns a :class:`matplotlib.figure.Figure` built without ``pyplot``: nothing is
 shown, no global figure state is touched, and any backend (Agg included) can render it. A chapter cell ends with
-the figure (or ``glue("name", fig, display=False)``). Chapters call:
+the figure (or ``glue("name", fig, display=False)``); inside an IPython kernel the first figure registers a PNG
+formatter for :class:`~matplotlib.figure.Figure` when none is registered (pyplot registers one when imported).
+Chapters call:
 
     df = mb.load_results()
     cost_curves(df)                      # state-space notebook, ladder and targets: cost against recording length
@@ -40,9 +42,28 @@ _PREDICTED = re.compile(r"predicted\s+([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
+def _show_in_ipython(figure_type) -> None:
+    """In an IPython kernel, render Figures as PNG (pyplot does this when imported; these figures bypass it)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+    png = shell.display_formatter.formatters["image/png"]
+    try:
+        png.lookup_by_type(figure_type)
+    except KeyError:
+        from IPython.core.pylabtools import print_figure
+
+        png.for_type(figure_type, lambda fig: print_figure(fig, "png", bbox_inches="tight"))
+
+
 def _figure(ncols: int = 1, nrows: int = 1, figsize=(7.0, 4.5), **kw):
     from matplotlib.figure import Figure
 
+    _show_in_ipython(Figure)
     fig = Figure(figsize=figsize, layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
     return fig, axes
@@ -112,11 +133,16 @@ def _has_gpu(df: pd.DataFrame) -> bool:
     return any(str(d).startswith("cuda-") for d in mb.devices_in(df)) if len(df) else False
 
 
-def _legend(ax, df: pd.DataFrame, *, extra: Sequence[str] = (), **kw) -> None:
-    """The legend of the drawn series, plus the GPU entry when no cuda-* rows exist, plus text-only entries."""
+def _legend(ax, df: pd.DataFrame, *, extra: Sequence[str] = (), order: Sequence[str] = (), **kw) -> None:
+    """The legend of the drawn series (those named in ``order`` first, in that order), plus text-only entries
+    and the GPU entry when no cuda-* rows exist."""
     from matplotlib.lines import Line2D
 
     handles, labels = ax.get_legend_handles_labels()
+    if order:
+        rank = {name: i for i, name in enumerate(order)}
+        pairs = sorted(zip(handles, labels), key=lambda hl: rank.get(hl[1], len(rank)))
+        handles, labels = [h for h, _ in pairs], [lab for _, lab in pairs]
     notes = list(extra) + ([] if _has_gpu(df) else [GPU_NOT_MEASURED])
     for note in notes:
         handles.append(Line2D([], [], linestyle="none", marker="none"))
@@ -367,7 +393,8 @@ def nuts_phases(df: pd.DataFrame, *, notebook: str = "gradient_nuts",
     if not groups:
         _empty(ax, f"no {notebook} phase rows measured in this build")
     ax.set_title("NUTS: wall time of each phase", fontsize=10)
-    _legend(ax, df, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _legend(ax, df, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+            order=[p.replace("_", " ") for p in NUTS_PHASES] + ["total wall"])
     return fig
 
 

@@ -160,3 +160,22 @@ def test_recovered_latents_small_fit():
     with pytest.raises(ValueError, match="either"):
         F.recovered_latents(fit, design="small")
     assert not math.isnan(float(fit["correlation"].mean()))
+
+
+def test_figures_render_as_png_in_an_ipython_kernel(rows):
+    pytest.importorskip("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        fig = F.feature_sweep(rows)
+        data, _ = shell.display_formatter.format(fig)
+        assert data["image/png"][:4] in (b"\x89PNG", "iVBO")  # raw bytes or base64 of the PNG signature
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_nuts_legend_lists_phases_in_order(rows):
+    texts = _legend_texts(F.nuts_phases(rows).axes[0])
+    phases = [t for t in texts if t.replace(" ", "_") in F.NUTS_PHASES]
+    assert phases == sorted(phases, key=lambda t: F.NUTS_PHASES.index(t.replace(" ", "_")))
