@@ -14,7 +14,7 @@ Chapters call:
     recovered_latents()                  # a small R-MSRM fit on synthetic data against its true latents
 
 Conventions shared by all of them: each device is drawn in its preferred profile (note > full > quick > smoke, as
-the tables do), labels in the legend name the device; a point gets an error bar from the ``min_s``/``max_s``
+the tables do), labels in the legend name the device and profile; a point gets an error bar from the ``min_s``/``max_s``
 params of its row when present, else from the min and max of its ``samples``; when no device label starts with
 ``cuda-`` the legend carries the entry :data:`GPU_NOT_MEASURED`.
 """
@@ -207,7 +207,7 @@ def cost_curves(df: pd.DataFrame, *, notebook: str = "state_space", experiment: 
         for i, (key, g) in enumerate(rows.groupby(["device"] + keys, sort=True)):
             key = key if isinstance(key, tuple) else (key,)
             name = " / ".join(k for k in key[1:] if k) or metric
-            label = f"{name} ({key[0]})"
+            label = f"{name} ({key[0]}, {g['profile'].iloc[0]} profile)"
             color = f"C{i % 10}"
             ok = g[g["status"] == "measured"].copy()
             ok["x"] = ok["scale"].map(_num)
@@ -257,7 +257,8 @@ def _draw_targets(ax, rows: pd.DataFrame) -> int:
         y = g["value"].map(_num).to_numpy()
         spreads = [_spread(r) for _, r in g.iterrows()]
         ax.errorbar(x, y, yerr=_yerr(list(y), spreads), linestyle="none", marker="D", color="black",
-                    markerfacecolor=f"C{(i + 5) % 10}", capsize=3, label=f"targets/{metric} ({device})")
+                    markerfacecolor=f"C{(i + 5) % 10}", capsize=3,
+                    label=f"targets/{metric} ({device}, {g['profile'].iloc[0]} profile)")
         kinds = g["target_kind"].dropna().unique().tolist() if "target_kind" in g else []
         for xt, t in sorted(set(zip(x, g["target"].map(_num)))):
             ax.hlines(t, xt / 1.3, xt * 1.3, colors="crimson", linestyles="--", lw=1.5)
@@ -305,7 +306,8 @@ def feature_sweep(df: pd.DataFrame, *, notebook: str = "gp_grouped", experiment:
                 if h.empty:
                     continue
                 kv = kval[0] if isinstance(kval, tuple) else kval
-                label = device + (f", K = {int(kv)}" if kv is not None and math.isfinite(_num(kv)) else "")
+                label = (f"{device}, {h['profile'].iloc[0]} profile"
+                         + (f", K = {int(kv)}" if kv is not None and math.isfinite(_num(kv)) else ""))
                 spreads = [_spread(r) for _, r in h.iterrows()]
                 a.errorbar(h["x"], h["y"], yerr=_yerr(h["y"].tolist(), spreads), marker="o", color=color,
                            capsize=3, label=label)
