@@ -54,9 +54,10 @@ def source(df: pd.DataFrame, notebook: str, experiment: str | None = None) -> tu
 
 
 def where(row) -> str:
-    """``device, profile profile, commit abc1234`` for one row (a Series), for prose."""
+    """``device, profile profile, notebook/experiment, commit abc1234`` for one row (a Series), as plain text for
+    ``{glue:text}`` (which renders no markup)."""
     commit = str(row.get("info_git_commit") or "")[:7] or "unknown commit"
-    return f"{row['device']}, {row['profile']} profile, `{row['notebook']}`/`{row['experiment']}`, commit {commit}"
+    return f"{row['device']}, {row['profile']} profile, {row['notebook']}/{row['experiment']}, commit {commit}"
 
 
 def provenance_table(df: pd.DataFrame, cases: Sequence[tuple[str, str, str, str, dict]]) -> pd.DataFrame:
