@@ -197,7 +197,8 @@ def _ref_bounds(check: Check, ref: pd.DataFrame, device_class: str) -> tuple[flo
         rb = reference_range(b.iloc[0]["value"], b.iloc[0]["unit"])
         r = ra[0] / rb[0]
         cls = _ref_class(a.iloc[0]["device"])
-        text = f"{mb.fmt(r, 'x')} ({a.iloc[0]['device']})"
+        text = (f"{a.iloc[0]['value']} {a.iloc[0]['unit']} / {b.iloc[0]['value']} {b.iloc[0]['unit']} = "
+                f"{mb.fmt(r, 'x')} ({a.iloc[0]['device']})")
         return (r, r, text) if cls in (device_class, "any") else (None, None, text)
     rows = _refs(check, ref)
     usable = [(reference_range(r["value"], r["unit"]), r) for _, r in rows.iterrows()
@@ -384,6 +385,9 @@ FINDINGS = (
                refs=(("summary", "NUTS leapfrog step K=3 one-eighth"),)),
          Check("leapfrog / bare gradient", "gradient_nuts", "nuts", "leapfrog_over_bare_gradient", "x",
                params=_LEAPFROG, refs=(("nuts", "leapfrog cost / bare gradient"),)),
+         Check("two chains vectorized, throughput over one", "gradient_nuts", "nuts_vectorized",
+               "throughput_ratio_2_vs_1", "x", rule="gain", params=_LEAPFROG,
+               refs=(("summary", "two vectorized chains throughput gain"),)),
          Check("one full chain", "gradient_nuts", "projection", "full_chain_days", "day",
                params=dict(K=3, basis="measured"),
                refs=(("summary", "one chain 1000 warmup + 1200 draws one-eighth"),)),
