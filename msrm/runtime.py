@@ -37,6 +37,8 @@ __all__ = [
     "DENSE_THREAD_MIN_FLOPS",
     "idle_cores",
     "compilation_cache",
+    "xla_cpu_optimization",
+    "compiler_options",
     "callback_threads",
     "callback_thread_count",
     "callback_blas_limit",
@@ -58,7 +60,8 @@ class OversubscriptionWarning(RuntimeWarning):
 
 
 _STATE: dict[str, Any] = {"blas_threads": None, "platform": None, "preallocate": None, "host_memory": None,
-                          "callback_threads": None, "compilation_cache": None, "step_threads": None}
+                          "callback_threads": None, "compilation_cache": None, "step_threads": None,
+                          "xla_cpu_optimization": "auto"}
 
 HOST_MEMORY_MODES = ("reuse", "system")
 
@@ -135,7 +138,8 @@ def enable_x64() -> None:
 
 
 def configure(platform: str | None = None, blas_threads: int | None = None, preallocate: bool = False,
-              host_memory: str = "reuse", compilation_cache: str | os.PathLike | None = None) -> None:
+              host_memory: str = "reuse", compilation_cache: str | os.PathLike | None = None,
+              xla_cpu_optimization: str | int = "auto") -> None:
     """Configure the process explicitly.
 
     Args:
@@ -159,7 +163,18 @@ def configure(platform: str | None = None, blas_threads: int | None = None, prea
             callback (the CPU LAPACK callback of ``method="callback"``), so those still compile in every process;
             ``method="native"`` programs are cached on every version. Must be set before the first compilation to
             cover it; set later, it covers the compilations that follow. :func:`execution_info` records it.
+        xla_cpu_optimization: XLA's backend optimisation level for GP-MSRM's programs on a CPU: ``"auto"``
+            (default: each backend's choice, :meth:`msrm.gp.backends.Backend.compile_level`; the state-space
+            host filter compiles at level 0, every other backend at XLA's default), ``"default"`` (XLA's default
+            everywhere) or an integer 0 to 3 for every backend. It changes compile time and the order of
+            floating-point operations inside fused loops (results agree to rounding), never the model. Models
+            built afterwards use it; :func:`execution_info` records it.
     """
+    if not (xla_cpu_optimization in ("auto", "default")
+            or (isinstance(xla_cpu_optimization, int) and not isinstance(xla_cpu_optimization, bool)
+                and 0 <= xla_cpu_optimization <= 3)):
+        raise ValueError(f"xla_cpu_optimization must be 'auto', 'default' or an integer 0 to 3, "
+                         f"got {xla_cpu_optimization!r}")
     if blas_threads is not None:
         if not isinstance(blas_threads, int) or blas_threads < 1:
             raise ValueError(f"blas_threads must be a positive integer, got {blas_threads!r}")
@@ -169,6 +184,7 @@ def configure(platform: str | None = None, blas_threads: int | None = None, prea
     set_host_memory(host_memory)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true" if preallocate else "false"
     _STATE["preallocate"] = bool(preallocate)
+    _STATE["xla_cpu_optimization"] = xla_cpu_optimization
     _STATE["blas_threads"] = blas_threads
     if blas_threads is not None:
         from threadpoolctl import threadpool_limits
@@ -186,6 +202,21 @@ def configure(platform: str | None = None, blas_threads: int | None = None, prea
     enable_x64()
     if cache_dir is not None:
         _enable_compilation_cache(cache_dir)
+
+
+def xla_cpu_optimization() -> str | int:
+    """The ``xla_cpu_optimization`` setting of :func:`configure` (``"auto"`` until it is called)."""
+    return _STATE["xla_cpu_optimization"]
+
+
+def compiler_options(platform: str, backend_level: int | None) -> dict | None:
+    """``jax.jit``'s ``compiler_options`` for a GP-MSRM program on ``platform`` whose backend asks for
+    ``backend_level`` (see :func:`configure`'s ``xla_cpu_optimization``); None: XLA's defaults."""
+    if platform != "cpu":
+        return None
+    setting = _STATE["xla_cpu_optimization"]
+    level = backend_level if setting == "auto" else None if setting == "default" else setting
+    return None if level is None else {"xla_backend_optimization_level": int(level)}
 
 
 def _cache_directory(path) -> str:
@@ -553,6 +584,7 @@ def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
         "xla_preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"),
         "host_memory": _STATE["host_memory"],
         "compilation_cache": compilation_cache(),
+        "xla_cpu_optimization": xla_cpu_optimization(),
         "hostname": _platform.node(),
         # background load when the evidence was recorded: timings taken under load are upper bounds
         "load_average_1m": _loadavg(),

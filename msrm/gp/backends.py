@@ -98,6 +98,12 @@ class Backend:
     def node_counts(self, prepared) -> list[int]:
         return []
 
+    def compile_level(self, prepared) -> int | None:
+        """XLA's backend optimisation level (``xla_backend_optimization_level``, 0 to 3) this backend's programs
+        should be compiled with on a CPU under ``msrm.runtime.configure(xla_cpu_optimization="auto")``, or None
+        for XLA's default."""
+        return None
+
     def latent_posterior(self, theta, prepared, data, spec, cov: bool = False):
         """Posterior of the latent factors on each run's grid (``list[msrm.LatentPosterior]``)."""
         raise NotImplementedError(f"linear_algebra={self.name!r} does not compute the latent posterior")

@@ -24,6 +24,7 @@ stacked and evaluated by one ``jax.vmap`` (one trace however many runs), and wit
 from __future__ import annotations
 
 import collections
+import functools
 
 import numpy as np
 
@@ -163,9 +164,12 @@ class GPMSRM:
             return value + tf.log_prior(theta, priors, blocks) + log_jac, events
 
         self._density_and_events = density_and_events
-        self._runs_jit = jax.jit(lambda u, prepared: backend.run_logliks(tf.constrain(u, blocks)[0], prepared))
-        self._loglik_jit = jax.jit(backend.loglik)
-        self._vg_jit = jax.jit(jax.value_and_grad(density_and_events, has_aux=True))
+        platform = self.devices[0].platform if self.devices else jax.default_backend()
+        self.compiler_options = runtime.compiler_options(platform, backend.compile_level(self.prepared))
+        jit = functools.partial(jax.jit, compiler_options=self.compiler_options)
+        self._runs_jit = jit(lambda u, prepared: backend.run_logliks(tf.constrain(u, blocks)[0], prepared))
+        self._loglik_jit = jit(backend.loglik)
+        self._vg_jit = jit(jax.value_and_grad(density_and_events, has_aux=True))
 
     # ------------------------------------------------------------------------------------------ sizes
     @property
