@@ -18,7 +18,8 @@ Masked (never counted):
 - ordered-list markers (``1.`` at the start of a line).
 
 Counted: digits with optional ``,`` thousands separators, a decimal part, an exponent (``1e133``), a leading sign,
-a trailing ``%``, a fraction ``3/2``, and the multiplier forms ``8x``, ``8×``, ``x8``, ``×8``. Digits that are part
+a trailing ``%`` or a unit of :data:`UNITS` written against it (``0.46s``, ``63MB``), a fraction ``3/2``,
+and the multiplier forms ``8x``, ``8×``, ``x8``, ``×8``. Digits that are part
 of an identifier are not standalone: a letter, digit, ``_`` or identifier joiner (``-``, ``.``, ``/`` after a
 letter, ``(`` after a letter) directly before them, or a letter directly after them (``float64``, ``H200``,
 ``cuda13``, ``Matérn-5/2``, ``AVX-512``, ``AR(1)``, ``2nd``, ``1.x``).
@@ -31,7 +32,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["CODE_DIRECTIVES", "ALLOW_LIST_NAME", "mask_non_prose", "number_tokens", "load_allow_list",
+__all__ = ["CODE_DIRECTIVES", "UNITS", "ALLOW_LIST_NAME", "mask_non_prose", "number_tokens", "load_allow_list",
            "unexplained_numbers"]
 
 ALLOW_LIST_NAME = "_prose_allow.txt"
@@ -71,6 +72,10 @@ _TOKEN = re.compile(
     r"|[+\-−±]?" + _NUM + r"(?:/\d+)?(?:%|[x×](?![\w])|×)?"   # 2,727  0.46  1e133  -2  3/2  12%  8x  8×
     r")"
 )
+#: Units that, written against a number (``0.46s``, ``63MB``), leave it a measurement rather than a name.
+UNITS = frozenset({"s", "ms", "us", "µs", "ns", "h", "min", "d", "B", "KB", "kB", "MB", "GB", "TB", "KiB", "MiB",
+                   "GiB", "TiB", "Hz", "kHz", "MHz", "GHz", "GFLOPS", "TFLOPS"})
+_UNIT_TAIL = re.compile(r"([A-Za-zµ]+)(?![\w/])")
 _IDENT_BEFORE = re.compile(r"[\w]$")
 _JOINER = re.compile(r"[\w][-./(]$")
 
@@ -168,7 +173,10 @@ def number_tokens(markdown_text: str) -> list[tuple[int, str, str]]:
                 continue                      # H200, Matérn-5/2, AVX-512, v1.2
             if tok[0] in "+-−±" and before and not before[-1].isspace() and before[-1] not in "([{":
                 continue
-            if after[:1].isalnum() or after[:1] == "_" or re.match(r"\.[A-Za-z_]", after):
+            unit = _UNIT_TAIL.match(after)
+            if unit and unit.group(1) in UNITS:
+                tok += unit.group(1)          # 0.46s, 63MB: a unit written against the number
+            elif after[:1].isalnum() or after[:1] == "_" or re.match(r"\.[A-Za-z_]", after):
                 continue                      # float64-like tails, 2nd, 1.x
             found.append((n, tok, original[n - 1].strip()))
     return found

@@ -27,6 +27,7 @@ def toks(text: str) -> list[str]:
     ("nine steps, five at K = 5.", ["5"]),
     ("the year 2026, twice", ["2026"]),
     ("(7) items", ["7"]),
+    ("took 0.46s and 20ms, 63MB in all", ["0.46s", "20ms", "63MB"]),
 ])
 def test_counts_each_token_form(text, expected):
     assert toks(text) == expected
@@ -35,7 +36,7 @@ def test_counts_each_token_form(text, expected):
 @pytest.mark.parametrize("text", [
     "float64 on an H200 with cuda13 and AVX-512 or AVX2",
     "a Matérn-5/2 kernel and Matérn-3/2",
-    "the 2nd and 3rd runs, x86_64, jaxlib 1.x, AR(1) draws",
+    "the 2nd and 3rd runs, x86_64, jaxlib 1.x, AR(1) draws, a 2D grid",
     "one-eighth of it, two of three",
     "the device cpu-amd-epyc-avx512-2c",
 ])
