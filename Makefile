@@ -114,7 +114,7 @@ test-slow: install chromium
 	$(PY) -m pytest -q -m slow
 
 notes: install
-	$(PY) -m msrm_lab.notebooks run --profile note --device $(DEVICE)
+	$(PY) -m msrm_lab.notebooks run --profile note --device $(DEVICE) --repeats 3
 
 bench-device:
 	bash tools/bench_device.sh $(BENCH_ARGS)

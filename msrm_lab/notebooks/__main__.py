@@ -1,6 +1,7 @@
 """Command line: ``python -m msrm_lab.notebooks run|check-book|label``.
 
     python -m msrm_lab.notebooks run --profile quick --device auto [--only NAME ...] [--timeout S] [--results DIR]
+                                     [--repeats N]
     python -m msrm_lab.notebooks check-book _build/html [--results DIR]
     python -m msrm_lab.notebooks label --device auto
 """
@@ -21,7 +22,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", default="quick", choices=("quick", "note", "full", "smoke"))
     run.add_argument("--device", default="auto", choices=DEVICES)
     run.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems to run (e.g. inventory)")
-    run.add_argument("--timeout", type=float, default=None, help="seconds per notebook (default: per profile)")
+    run.add_argument("--timeout", type=float, default=None,
+                     help="seconds per execution of a notebook (default: per profile)")
+    run.add_argument("--repeats", type=int, default=1,
+                     help="executions of each notebook, each in its own process; rows hold the median (default 1)")
     run.add_argument("--results", default=None, help="results root (default: <repo>/results)")
     run.add_argument("--notebooks", default=None, help="notebooks folder (default: <repo>/notebooks)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -65,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         results = run_notebooks(profile=args.profile, device=args.device, only=args.only, timeout=args.timeout,
-                                results=args.results, notebooks_dir=args.notebooks, progress=not args.no_progress)
+                                results=args.results, notebooks_dir=args.notebooks, progress=not args.no_progress,
+                                repeats=args.repeats)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,17 +1,22 @@
-"""Execute the parameterised notebooks with papermill, one isolated child process per notebook.
+"""Execute the parameterised notebooks with papermill, one isolated child process per execution.
 
-For each ``notebooks/NN_<stem>.ipynb`` (sorted) the runner:
+For each ``notebooks/NN_<stem>.ipynb`` (sorted) the runner, ``repeats`` times (one by default):
 
-1. makes a temporary folder ``results/<label>/<profile>/.<stem>.tmp-*``;
+1. makes a hidden temporary folder ``results/<label>/<profile>/.<stem>.tmp-*`` (the book never reads it);
 2. starts a child Python (``python -m msrm_lab.notebooks _execute``) that calls ``papermill.execute_notebook`` with
    ``kernel_name="python3"``, ``cwd`` = the repository root and the parameters ``profile``, ``device`` and
-   ``out_dir`` (the temporary folder); the child is killed, with its process group, past the time limit;
-3. on success (papermill finished and the notebook wrote ``rows.jsonl``) swaps the temporary folder into
-   ``results/<label>/<profile>/<stem>/``; on failure leaves any earlier ``<stem>/`` untouched and moves the
-   attempt to ``<stem>.failed/`` beside it.
+   ``out_dir`` (the temporary folder); each execution is a fresh process and kernel; the child is killed, with
+   its process group, past the time limit; the first failed execution ends the notebook's run.
 
-Each folder gets a ``status.json`` (ok/failed, error text, wall time, ``execution_info``). One failing notebook
-never stops the others; :func:`run_notebooks` returns every result and the CLI's exit code says whether all passed.
+Then, when every execution succeeded (papermill finished and the notebook wrote ``rows.jsonl``), the rows of the
+repeats are merged into the first one's folder (:func:`msrm_lab.notebooks.repeats.merge_rows`: median value,
+spread in ``params``; figures and ``executed.ipynb`` are the first execution's) and that folder is swapped into
+``results/<label>/<profile>/<stem>/``. On failure (an execution failed, or the repeats disagree) any earlier
+``<stem>/`` is left untouched and the failing attempt moves to ``<stem>.failed/`` beside it.
+
+Each folder gets a ``status.json`` (ok/failed, error text, total wall time, ``repeats`` and each execution's wall
+time, load average and commit under ``repeat_runs``, ``execution_info``). One failing notebook never stops the
+others; :func:`run_notebooks` returns every result and the CLI's exit code says whether all passed.
 """
 from __future__ import annotations
 
@@ -31,9 +36,11 @@ from msrm import atomic
 from msrm.runtime import execution_info
 from ..paths import repo_root
 from ..processes import kill_group
+from ..bench.rows import read_rows, write_rows
 from .device import resolve_device
+from .repeats import merge_rows
 
-__all__ = ["PROFILES", "NotebookResult", "discover", "notebook_stem", "run_notebook", "run_notebooks"]
+__all__ = ["PROFILES", "NotebookResult", "check_repeats", "discover", "notebook_stem", "run_notebook", "run_notebooks"]
 
 PROFILES = ("smoke", "quick", "note", "full")
 DEFAULT_TIMEOUT_S = {"smoke": 300.0, "quick": 480.0, "note": 5400.0, "full": 6 * 3600.0}
@@ -115,6 +122,83 @@ def _read_error(tmp: Path, stderr_tail: str) -> str:
     return stderr_tail.strip()[-2000:] or "the notebook process failed without an error message"
 
 
+def check_repeats(repeats: object) -> int:
+    """``repeats`` as a whole number of executions, at least one.
+
+    Raises:
+        ValueError: ``repeats`` is not a whole number or is below one.
+    """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a whole number of executions, at least 1, got {repeats!r}")
+    return repeats
+
+
+class _Execution(NamedTuple):
+    """One papermill execution of a notebook into its own folder."""
+
+    folder: Path
+    error: str | None
+    wall_s: float
+    started: str
+    load_average_1m: float | None
+    git_commit: str | None
+
+
+def _load_average_1m() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover - not available on every platform
+        return None
+
+
+def _execute_once(path: Path, root: Path, stem: str, tmp: Path, *, profile: str, platform: str,
+                  timeout: float) -> _Execution:
+    """Run the notebook once in a fresh child process (its own kernel) with ``out_dir=tmp``."""
+    parameters = {"profile": profile, "device": platform, "out_dir": str(tmp)}
+    cmd = [sys.executable, "-m", "msrm_lab.notebooks", "_execute", "--input", str(path),
+           "--output", str(tmp / "executed.ipynb"), "--cwd", str(root), "--parameters", json.dumps(parameters),
+           "--error-file", str(tmp / "error.json"), "--timeout", str(timeout)]
+    commit = execution_info(include_jax=False).get("git_commit")
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime())
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(cmd, cwd=root, env=_child_env(platform, root), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            rc = None
+        except BaseException:
+            kill_group(proc)
+            raise
+        log.seek(0)
+        tail = log.read()[-4000:]
+    wall = time.perf_counter() - t0
+    error = None
+    if rc is None:
+        error = f"time limit: the notebook ran past {timeout:g} s and was stopped"
+    elif rc != 0:
+        error = _read_error(tmp, tail)
+    elif not (tmp / "rows.jsonl").is_file():
+        error = f"the notebook finished but wrote no rows.jsonl into out_dir ({stem})"
+    return _Execution(tmp, error, wall, started, _load_average_1m(), commit)
+
+
+def _merge_into_first(runs: Sequence[_Execution]) -> str | None:
+    """Write the merged rows of every run into the first run's ``rows.jsonl``; the error text, or ``None``."""
+    commits = sorted({str(r.git_commit) for r in runs})
+    if len(commits) > 1:
+        return (f"the checkout changed between repeats (commits {', '.join(commits)}): a median over two "
+                f"versions of the code is not a measurement of either")
+    try:
+        merged = merge_rows([read_rows(r.folder / "rows.jsonl") for r in runs])
+    except ValueError as exc:
+        return f"the repeats cannot be merged: {exc}"
+    write_rows(runs[0].folder / "rows.jsonl", merged, append=False)
+    return None
+
+
 def run_notebook(
     path: str | Path,
     *,
@@ -123,6 +207,7 @@ def run_notebook(
     label: str,
     results: str | Path,
     timeout: float | None = None,
+    repeats: int = 1,
 ) -> NotebookResult:
     """Execute one notebook into ``results/<label>/<profile>/<stem>/`` (see the module docstring).
 
@@ -132,7 +217,11 @@ def run_notebook(
         platform: ``"cpu"`` or ``"cuda"``, passed as the ``device`` parameter (and ``JAX_PLATFORMS=cpu`` for CPU).
         label: the device label, the first folder level under ``results``.
         results: the results root.
-        timeout: seconds for the whole notebook; ``None`` uses the profile's default.
+        timeout: seconds for one execution of the notebook; ``None`` uses the profile's default.
+        repeats: how many times to execute it, each in its own process and hidden folder; with more than one the
+            rows are merged by :func:`msrm_lab.notebooks.repeats.merge_rows` (median value, spread in ``params``)
+            and the figures and ``executed.ipynb`` are the first execution's. The first failed execution stops
+            the notebook and is recorded as a failed run.
     """
     path = Path(path).resolve()
     root = _checkout(path)
@@ -140,6 +229,7 @@ def run_notebook(
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
     if platform not in ("cpu", "cuda"):
         raise ValueError(f"platform must be 'cpu' or 'cuda', got {platform!r}")
+    repeats = check_repeats(repeats)
     timeout = DEFAULT_TIMEOUT_S[profile] if timeout is None else float(timeout)
     if not timeout > 0:
         raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
@@ -147,53 +237,44 @@ def run_notebook(
     base = Path(results).resolve() / label / profile
     base.mkdir(parents=True, exist_ok=True)
     final, failed = base / stem, base / f"{stem}.failed"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{stem}.tmp-", dir=base))
-    parameters = {"profile": profile, "device": platform, "out_dir": str(tmp)}
-    cmd = [sys.executable, "-m", "msrm_lab.notebooks", "_execute", "--input", str(path),
-           "--output", str(tmp / "executed.ipynb"), "--cwd", str(root), "--parameters", json.dumps(parameters),
-           "--error-file", str(tmp / "error.json"), "--timeout", str(timeout)]
-    started = time.time()
-    t0 = time.perf_counter()
-    error: str | None = None
+    runs: list[_Execution] = []
+    folders: list[Path] = []
     try:
-        with tempfile.TemporaryFile(mode="w+") as log:
-            proc = subprocess.Popen(cmd, cwd=root, env=_child_env(platform, root), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                kill_group(proc)
-                rc = None
-            except BaseException:
-                kill_group(proc)
-                raise
-            log.seek(0)
-            tail = log.read()[-4000:]
-        wall = time.perf_counter() - t0
-        if rc is None:
-            error = f"time limit: the notebook ran past {timeout:g} s and was stopped"
-        elif rc != 0:
-            error = _read_error(tmp, tail)
-        elif not (tmp / "rows.jsonl").is_file():
-            error = f"the notebook finished but wrote no rows.jsonl into out_dir ({stem})"
+        error: str | None = None
+        for _ in range(repeats):
+            tmp = Path(tempfile.mkdtemp(prefix=f".{stem}.tmp-", dir=base))
+            folders.append(tmp)
+            runs.append(_execute_once(path, root, stem, tmp, profile=profile, platform=platform, timeout=timeout))
+            error = runs[-1].error
+            if error is not None:
+                break
+        if error is None and repeats > 1:
+            error = _merge_into_first(runs)
+        keep = runs[0] if error is None else next((r for r in runs if r.error is not None), runs[0])
+        wall = sum(r.wall_s for r in runs)
         status = {
             "notebook": stem, "file": path.name, "profile": profile, "device": platform, "label": label,
             "status": "ok" if error is None else "failed", "error": error, "wall_s": round(wall, 3),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-            "parameters": {k: v for k, v in parameters.items() if k != "out_dir"},
+            "started": runs[0].started,
+            "parameters": {"profile": profile, "device": platform},
+            "repeats": repeats,
+            "repeat_runs": [{"wall_s": round(r.wall_s, 3), "started": r.started,
+                             "load_average_1m": r.load_average_1m, "git_commit": r.git_commit,
+                             "status": "ok" if r.error is None else "failed"} for r in runs],
             "previous_results_kept": error is not None and final.exists(),
             "execution_info": execution_info(include_jax=False),
         }
-        atomic.write_json(tmp / "status.json", status)
+        atomic.write_json(keep.folder / "status.json", status)
         if error is None:
-            _swap_in(tmp, final)
+            _swap_in(keep.folder, final)
             shutil.rmtree(failed, ignore_errors=True)
             return NotebookResult(stem, "ok", final, wall, None)
         shutil.rmtree(failed, ignore_errors=True)
-        os.replace(tmp, failed)
+        os.replace(keep.folder, failed)
         return NotebookResult(stem, "failed", failed, wall, error)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _swap_in(tmp: Path, final: Path) -> None:
@@ -221,25 +302,44 @@ def run_notebooks(
     results: str | Path | None = None,
     notebooks_dir: str | Path | None = None,
     progress: bool = True,
+    repeats: int = 1,
 ) -> list[NotebookResult]:
-    """Run every notebook (or those named in ``only``) for one profile on this machine's device.
+    """Run every notebook (or those named in ``only``) for one profile on this machine's device, one after the
+    other in one sitting, each ``repeats`` times (see :func:`run_notebook`).
 
-    Returns one :class:`NotebookResult` per notebook, in order; failures are recorded, never raised.
+    Returns one :class:`NotebookResult` per notebook, in order; failures are recorded, never raised. When the
+    checkout's commit differs between notebooks of the sitting a warning says so on stderr (each notebook's
+    ``status.json`` records the commit of every execution).
     """
     from tqdm.auto import tqdm
 
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+    repeats = check_repeats(repeats)
     paths = discover(repo_root() / "notebooks" if notebooks_dir is None else notebooks_dir, only)
     platform, label = resolve_device(device)
     results = repo_root() / "results" if results is None else Path(results)
     out: list[NotebookResult] = []
+    commits: set[str] = set()
     bar = tqdm(paths, desc=f"{label}/{profile}", unit="notebook", disable=not progress, file=sys.stderr)
     for p in bar:
         bar.set_postfix_str(notebook_stem(p))
-        res = run_notebook(p, profile=profile, platform=platform, label=label, results=results, timeout=timeout)
+        res = run_notebook(p, profile=profile, platform=platform, label=label, results=results, timeout=timeout,
+                           repeats=repeats)
         out.append(res)
+        commits.update(_commits(res.folder))
         bar.write(f"{res.status:6s} {res.stem:24s} {res.wall_s:8.1f} s  {res.folder}"
                   + (f"\n       {res.error.splitlines()[-1] if res.error else ''}" if res.error else ""),
                   file=sys.stderr)
+    if len(commits) > 1:
+        print(f"warning: the checkout changed during the sitting; the notebooks ran at commits "
+              f"{', '.join(sorted(commits))}", file=sys.stderr)
     return out
+
+
+def _commits(folder: Path) -> set[str]:
+    """The commits of every execution recorded in a notebook folder's ``status.json``."""
+    with contextlib.suppress(ValueError, OSError):
+        status = json.loads((folder / "status.json").read_text())
+        return {str(r.get("git_commit")) for r in status.get("repeat_runs", [])}
+    return set()
