@@ -13,19 +13,12 @@ import msrm
 from msrm_lab.notebooks import __main__ as cli
 from msrm_lab.notebooks import cpu_label, cuda_label, device_label, discover, notebook_stem, resolve_device, run_notebook
 from msrm_lab.notebooks.runner import run_notebooks
+from notebook_helpers import toy_notebook
 
 LABEL = "cpu-test-1c"
 
 
-def _notebook(path: Path, body: str) -> Path:
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell('profile = "quick"\ndevice = "cpu"\nout_dir = "results/local/quick/x"')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, path)
-    return path
+_notebook = toy_notebook
 
 
 def _writes_rows(marker: str) -> str:

@@ -5,7 +5,6 @@ import json
 import statistics
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from msrm_lab.bench.rows import make_row, read_rows
@@ -13,6 +12,7 @@ from msrm_lab.notebooks import __main__ as cli
 from msrm_lab.notebooks import run_notebook
 from msrm_lab.notebooks.repeats import merge_rows
 from msrm_lab.notebooks.runner import run_notebooks
+from notebook_helpers import toy_notebook
 
 LABEL = "cpu-test-1c"
 
@@ -76,15 +76,7 @@ def test_rows_without_a_measurement_stay_as_the_first_repeat_wrote_them():
 
 # --- the runner -----------------------------------------------------------------------------------------------------
 
-def _notebook(path: Path, body: str) -> Path:
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell('profile = "quick"\ndevice = "cpu"\nout_dir = "results/local/quick/x"')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, path)
-    return path
+_notebook = toy_notebook
 
 
 RANDOM_ROWS = ("import os, pathlib, random\n"
