@@ -228,9 +228,10 @@ def _runs_total(fn):
 @pytest.mark.parametrize(
     "kernel,pooling,missing,options",
     # the default suite keeps one case per pooling and one filter bank; the rest (each compiles an XLA scan and
-    # its reverse) run with the slow tests
+    # its reverse) run with the slow tests. The default cases fix the block length: the one tuned for the machine
+    # may make every sub-step predict, and these cases must keep sub-steps that do not
     [
-        ("matern12", "shared", 0.2, {"checkpoint_every": 2}),
+        ("matern12", "shared", 0.2, {"checkpoint_every": 2, "block": 4}),
         pytest.param("matern32", "shared", 0.2, {"checkpoint_every": 4, "block": 3}, marks=pytest.mark.slow),
         pytest.param("matern52", "shared", 0.0, {"checkpoint_every": 0, "block": 3}, marks=pytest.mark.slow),
         ("matern32", "individual", 0.2, {"checkpoint_every": 7, "block": 2}),
