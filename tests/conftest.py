@@ -2,6 +2,9 @@
 (``import msrm`` never does it), with JAX's matmul precision pinned to ``highest``."""
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,9 +18,28 @@ def pytest_sessionstart(session):
     msrm.runtime.enable_x64()
 
 
+_OWN_CACHE_DIR: list[str] = []
+
+
 def pytest_configure(config):
+    # The state-space tuning cache (msrm.gp.state_space.tuning.cache_dir) lives in the user's cache folder; the
+    # suite gets an empty one of its own, so that no test reads coefficients or block choices that an earlier
+    # benchmark stored there (and no test writes into the user's). Subprocesses started by tests inherit it.
+    # A caller who sets MSRM_CACHE_DIR keeps theirs.
+    if "MSRM_CACHE_DIR" not in os.environ:
+        path = tempfile.mkdtemp(prefix="msrm-test-cache-")
+        _OWN_CACHE_DIR.append(path)
+        os.environ["MSRM_CACHE_DIR"] = path
     config.addinivalue_line(
         "markers", "cuda: qualification on a CUDA GPU visible to JAX (tests/test_cuda.py); skipped without one")
+
+
+def pytest_unconfigure(config):
+    for path in _OWN_CACHE_DIR:
+        shutil.rmtree(path, ignore_errors=True)
+        if os.environ.get("MSRM_CACHE_DIR") == path:
+            del os.environ["MSRM_CACHE_DIR"]
+    _OWN_CACHE_DIR.clear()
 
 
 def _cuda_devices() -> list:
