@@ -82,6 +82,22 @@ def test_table_has_one_column_per_device_and_a_gpu_placeholder():
     assert "60-120 s (cpu-64core)" in row[f"note ({mb.REFERENCE_LABEL})"]
 
 
+def test_note_figure_of_another_quantity_is_named_by_its_ref_label_once():
+    """Two checks compared with the same note figure of another quantity (the dense factorization a state-space
+    run avoids) show that figure once, under the name of what it measures, never under a check's label."""
+    ref_label = "dense factorization at that size"
+    wall = fz.Finding("wall", "the dense wall", (
+        fz.Check("state space step", "state_space", "targets", "step_s", "s", ref_any=True, ref_label=ref_label,
+                 refs=(("s", "restart"),)),
+        fz.Check("grouped step", "state_space", "ladder", "step_s", "s", rule="pathology", ref_any=True,
+                 ref_label=ref_label, refs=(("s", "restart"),))), ("state_space",))
+    df = _df([_row("cpu-a-2c", "state_space", "targets", "step_s", 3.0),
+              _row("cpu-a-2c", "state_space", "ladder", "step_s", 500.0)])
+    note = fz.findings_table(df, REF, findings=(wall,)).loc["the dense wall", f"note ({mb.REFERENCE_LABEL})"]
+    assert note == f"{ref_label}: 60-120 s (cpu-64core)"
+    assert "state space step" not in note
+
+
 def test_missing_rows_and_quick_profile_are_not_measured():
     df = _df([_row("cpu-a-2c", "rmsrm", "restart", "wall_s", 20.0, profile="quick"),
               _row("cpu-a-2c", "other", "x", "y", 1.0)])
