@@ -293,8 +293,13 @@ def findings_table(df: pd.DataFrame, ref: pd.DataFrame | None = None,
         row = {"finding": f.finding}
         # each note figure under the name of what it measures (a check compared with another quantity of the
         # note, such as the dense factorization a state-space run avoids, names that quantity, once)
-        row[f"note ({mb.REFERENCE_LABEL})"] = "; ".join(dict.fromkeys(
-            f"{c.ref_label or c.label}: {_ref_text(c, ref)}" for c in f.checks if _ref_text(c, ref)))
+        named: dict[str, list[str]] = {}
+        for c in f.checks:
+            text = _ref_text(c, ref)
+            if text:
+                figures = named.setdefault(c.ref_label or c.label, [])
+                figures.extend(part for part in text.split(", ") if part not in figures)
+        row[f"note ({mb.REFERENCE_LABEL})"] = "; ".join(f"{name}: {', '.join(figs)}" for name, figs in named.items())
         primary: dict[str, str | None] = {}
         secondary_verdicts: list[tuple[str, str]] = []
         for device in devices:

@@ -88,13 +88,13 @@ def test_note_figure_of_another_quantity_is_named_by_its_ref_label_once():
     ref_label = "dense factorization at that size"
     wall = fz.Finding("wall", "the dense wall", (
         fz.Check("state space step", "state_space", "targets", "step_s", "s", ref_any=True, ref_label=ref_label,
-                 refs=(("s", "restart"),)),
+                 refs=(("s", "restart"),), context_refs=(("s", "step"),)),
         fz.Check("grouped step", "state_space", "ladder", "step_s", "s", rule="pathology", ref_any=True,
                  ref_label=ref_label, refs=(("s", "restart"),))), ("state_space",))
     df = _df([_row("cpu-a-2c", "state_space", "targets", "step_s", 3.0),
               _row("cpu-a-2c", "state_space", "ladder", "step_s", 500.0)])
     note = fz.findings_table(df, REF, findings=(wall,)).loc["the dense wall", f"note ({mb.REFERENCE_LABEL})"]
-    assert note == f"{ref_label}: 60-120 s (cpu-64core)"
+    assert note == f"{ref_label}: 60-120 s (cpu-64core), 2.0 s (cpu-64core), 370 ms (rtx-3090)"
     assert "state space step" not in note
 
 
