@@ -1,5 +1,5 @@
-"""MCMC convergence diagnostics for many parameters at once (Numba-compiled kernels, NumPy and SciPy; no JAX,
-no ArviZ).
+"""MCMC convergence diagnostics for many parameters at once (Numba-compiled kernels, NumPy, SciPy and, when
+installed, ducc0's FFTs; no JAX, no ArviZ).
 
 The numbers are ArviZ 0.23's definitions (``arviz.rhat``, ``arviz.ess``, ``arviz.mcse``; Vehtari et al. 2021,
 arXiv:1903.08008), computed for blocks of parameters instead of one parameter at a time through ArviZ.
@@ -24,9 +24,10 @@ The numbers are exact (float64 throughout) and tested against ArviZ itself. They
 :mod:`msrm.diagnostics_kernels` in one compiled pass per parameter: a bucket sort of the split draws finished by
 exact comparisons, a linear merge for the folded ranks, and autocovariances summed lag by lag only as far as
 Geyer's sequence runs. A variable whose sequence runs past a few dozen lags (slowly mixing chains), or whose first
-four lags show that it will, is handed back with its centred rows, two real rows to one zero-padded complex row;
+first lags show that it will, is handed back with its centred rows, two real rows to one zero-padded complex row;
 its lag sums at every lag come from one complex FFT per pair of rows and one inverse real FFT per variable
-(:func:`_long_ess`), so its cost does not grow with the length of the sequence. Blocks of at most 64 parameters
+(:func:`_long_ess`; ducc0 runs them when installed, else ``scipy.fft``), so its cost does not grow with the length
+of the sequence. Blocks of at most 64 parameters
 run on a thread pool (the kernels and the FFTs release the GIL), each thread re-using its buffers from block to
 block.
 
@@ -53,7 +54,7 @@ if importlib.util.find_spec("numba") is None:  # installed? (checked without imp
         "msrm.diagnostics needs Numba, which the 'bayes' extra installs: pip install 'msrm[bayes]'"
     )
 
-__all__ = ["summarize", "diagnose_draws", "divergence_counts", "compile_kernels", "COLUMNS"]
+__all__ = ["summarize", "diagnose_draws", "divergence_counts", "compile_kernels", "fft_library", "COLUMNS"]
 
 #: Columns of :func:`summarize`, in order.
 COLUMNS = ("mean", "sd", "q5", "q95", "mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat")
@@ -70,18 +71,21 @@ def _kernels():
     return diagnostics_kernels
 
 
-def _scratch(store: dict | None, name: str, shape: tuple, dtype=np.float64) -> np.ndarray:
-    """An uninitialised array of ``shape``: fresh when ``store`` is None, else a view of a buffer kept in ``store``.
+def _scratch(store: dict | None, name: str, shape: tuple, dtype=np.float64, *, zeroed: bool = False) -> np.ndarray:
+    """An array of ``shape``: fresh when ``store`` is None, else a view of a buffer kept in ``store``.
 
     Re-using the big per-block buffers (the transposed block, the kernels' outputs and pending rows) avoids
-    re-faulting fresh pages from the OS for every block.
+    re-faulting fresh pages from the OS for every block. The contents are left as the last user left them, except
+    that a buffer made with ``zeroed=True`` starts as zeros (a caller that never writes some of its entries, such as
+    the zero padding of the pending rows, can rely on those staying 0).
     """
     size = int(np.prod(shape))
+    make = np.zeros if zeroed else np.empty
     if store is None:
-        return np.empty(shape, dtype)
+        return make(shape, dtype)
     buf = store.get(name)
     if buf is None or buf.size < size or buf.dtype != dtype:
-        buf = store[name] = np.empty(size, dtype)
+        buf = store[name] = make(size, dtype)
     return buf[:size].reshape(shape)
 
 
@@ -101,6 +105,30 @@ def _z_table(n: int) -> np.ndarray:
 _FFT_BATCH = 32  # long variables per FFT call: their (32, C, m) complex rows stay near the CPU caches
 
 
+@functools.cache
+def _ducc_fft():
+    """``ducc0.fft`` when it is installed (the ``bayes`` extra brings it), else None.
+
+    ducc0 computes the same transforms as ``scipy.fft`` (both are pocketfft's algorithms), but vectorises each
+    transform with the CPU's widest SIMD instructions, which makes the long-ESS path several times cheaper; without
+    it, ``scipy.fft`` runs them and the results agree to rounding.
+    """
+    if importlib.util.find_spec("ducc0") is None:
+        return None
+    import ducc0
+
+    return ducc0.fft
+
+
+def fft_library() -> str:
+    """The library that runs the long-ESS transforms: ``"ducc0 <version>"`` or ``"scipy.fft"``."""
+    if _ducc_fft() is None:
+        return "scipy.fft"
+    import ducc0
+
+    return f"ducc0 {ducc0.__version__}"
+
+
 def _fft_len(h: int) -> int:
     """A fast complex-FFT length ``>= 2h - 1``: zero padding to it leaves no wrapped terms in any lag ``0..h-1``."""
     return _fft.next_fast_len(2 * h - 1, real=False)
@@ -110,20 +138,29 @@ def _long_ess(rows: np.ndarray, cmv: np.ndarray, R: int, h: int, store: dict | N
     """ESS of the variables whose Geyer sequence runs long, from every lag at once.
 
     ``rows`` (n, R/2, m): each variable's centred split rows two to a complex row, zero-padded to ``m >= 2h - 1``
-    (overwritten); ``cmv`` (n,) the variance of its row means. One in-place complex FFT per pair of rows; the
-    summed power spectra of the real rows (:func:`msrm.diagnostics_kernels.pair_power`) give, by one inverse real
-    FFT per variable, its lag sums ``sum_r sum_i c_ri c_r,i+t`` at every lag, exact for ``t <= m - h``; Geyer's
-    sequence then runs on them as on the directly summed lags.
+    (read only); ``cmv`` (n,) the variance of its row means. One complex FFT per pair of rows; the summed power
+    spectra of the real rows (:func:`msrm.diagnostics_kernels.pair_power`) give, by one inverse real FFT per
+    variable, its lag sums ``sum_r sum_i c_ri c_r,i+t`` at every lag, exact for ``t <= m - h``; Geyer's sequence
+    then runs on them as on the directly summed lags. The transforms write to buffers of their own, so the zero
+    padding of ``rows`` is never overwritten.
     """
     K = _kernels()
-    n, _, m = rows.shape
+    ducc = _ducc_fft()
+    n, J, m = rows.shape
     out = np.empty(n)
     for k0 in range(0, n, _FFT_BATCH):
         k1 = min(n, k0 + _FFT_BATCH)
-        f = _fft.fft(rows[k0:k1], axis=-1, overwrite_x=True, workers=1)
-        power = _scratch(store, "fft_power", (k1 - k0, m // 2 + 1))
-        K.pair_power(f, power)
-        acov = _fft.irfft(power, n=m, axis=-1, workers=1)
+        power = _scratch(store, "fft_power", (k1 - k0, m // 2 + 1), np.complex128)
+        if ducc is not None:
+            spec = _scratch(store, "fft_spec", (k1 - k0, J, m), np.complex128)
+            ducc.c2c(rows[k0:k1], axes=(2,), forward=True, out=spec, nthreads=1)
+            K.pair_power(spec, power)
+            acov = _scratch(store, "fft_acov", (k1 - k0, m))
+            # inverse transform of the Hermitian half-spectrum, divided by m: the lag sums
+            ducc.c2r(power, axes=(1,), lastsize=m, forward=False, inorm=2, out=acov, nthreads=1)
+        else:
+            K.pair_power(_fft.fft(rows[k0:k1], axis=-1, workers=1), power)
+            acov = _fft.irfft(power, n=m, axis=-1, workers=1)
         K.geyer_rows(acov, cmv[k0:k1], R, h, out[k0:k1])
     return out
 
@@ -179,8 +216,9 @@ def _diagnose_block(x: np.ndarray, store: dict | None = None) -> dict[str, np.nd
     ess = _scratch(store, "k_ess", (P, K.N_VARS))
     pending = _scratch(store, "k_pending", (P, K.N_VARS), np.int8)
     finite = _scratch(store, "k_finite", (P,), np.bool_)
-    # touched only for pending variables
-    pending_rows = _scratch(store, "k_pending_rows", (P * K.N_VARS, C, _fft_len(h)), np.complex128)
+    # touched only for pending variables; their zero padding (entries h..m-1 of each row) is never written, by
+    # the kernel or the transforms, so it stays as the buffer was made
+    pending_rows = _scratch(store, "k_pending_rows", (P * K.N_VARS, C, _fft_len(h)), np.complex128, zeroed=True)
     pending_cmv = _scratch(store, "k_pending_cmv", (P * K.N_VARS,))
     n_pending = K.diagnose_block(x, _z_table(R * h), _TAIL_PROBS, stats, ess, pending, pending_rows,
                                  pending_cmv, finite)

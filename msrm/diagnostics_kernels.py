@@ -6,10 +6,10 @@ parameters of a block: the exact order of its split draws (a bucket sort finishe
 normal scores of the draws and of the folded draws (a linear merge of the two sorted halves around the median),
 the type-7 quantiles, the R-hat moments, the five ESS variables centred per split chain, and Geyer's initial
 monotone sequence on autocovariances computed lag by lag (direct sums) for as long as the sequence runs. A
-variable whose sequence runs past :data:`MAX_DIRECT_LAG` lags, or is foreseen to from its first four lags, is
+variable whose sequence runs past :data:`MAX_DIRECT_LAG` lags, or is foreseen to from its first lags, is
 handed back with its centred rows for the FFT path of :mod:`msrm.diagnostics` (:func:`pair_power` and
 :func:`geyer_rows` finish it), so every result is exact whatever the autocorrelation. A tail indicator whose rows
-hold few runs of ones gets every lag sum exactly from its runs instead (:func:`_indicator_lag_sums`).
+hold few runs of ones gets every lag sum exactly from its runs, before any direct sum (:func:`_indicator_lag_sums`).
 
 It needs Numba (the ``bayes`` extra); :mod:`msrm.diagnostics` imports it on its first call. The kernels release
 the GIL, so blocks run concurrently on a thread pool.
@@ -26,9 +26,12 @@ MAX_DIRECT_LAG = 48
 #: Indicator series with at most this many pairs of runs of ones per row get every lag sum from their runs
 #: instead of the FFT.
 MAX_RUN_PAIRS = 256
-#: A variable whose lag-1 and lag-3 autocorrelations, extrapolated, exceed this at MAX_DIRECT_LAG goes to the FFT
-#: without direct sums (a guess that decides only the speed).
+#: A variable whose lag-1 and lag-3 autocorrelations (or, failing that, those of lags SECOND_LOOK / 2 - 1 and
+#: SECOND_LOOK - 1), extrapolated, exceed this at MAX_DIRECT_LAG goes to the FFT without further direct sums (a
+#: guess that decides only the speed).
 LONG_RHO = 0.1
+#: The direct sums look ahead a second time once this many lags are summed (a multiple of 4).
+SECOND_LOOK = 8
 _INSERTION_MAX = 24  # buckets up to this size are finished by insertion sort, larger ones by np.argsort
 _RESOLUTION = np.finfo(np.float64).resolution
 
@@ -349,21 +352,22 @@ def _geyer(c, R, h, cmv, rho, acov, done, limit):
 
 
 @nb.njit(**_opts)
-def _long_ahead(acov, R, h, cmv):
-    """Whether the autocorrelations of lags 1 and 3 (from the lag sums ``acov``), extrapolated geometrically, are
-    still above :data:`LONG_RHO` at lag :data:`MAX_DIRECT_LAG`: Geyer's sequence will then almost surely run past
-    the direct lags, and the FFT is taken at once instead of after them. Only the speed depends on this guess."""
+def _long_ahead(acov, R, h, cmv, a, b):
+    """Whether the autocorrelations at lags ``a < b`` (from the lag sums ``acov``), extrapolated geometrically,
+    are still above :data:`LONG_RHO` at lag :data:`MAX_DIRECT_LAG`: Geyer's sequence will then almost surely run
+    past the direct lags, and the FFT is taken at once instead of after them. Only the speed depends on this
+    guess."""
     norm = 1.0 / (R * h)
     mean_var = acov[0] * norm * h / (h - 1.0)
     var_plus = mean_var * (h - 1.0) / h
     if R > 1:
         var_plus += cmv
-    r1 = 1.0 - (mean_var - acov[1] * norm) / var_plus
-    r3 = 1.0 - (mean_var - acov[3] * norm) / var_plus
-    if not (r1 > LONG_RHO and r3 > 0.0):
+    ra = 1.0 - (mean_var - acov[a] * norm) / var_plus
+    rb = 1.0 - (mean_var - acov[b] * norm) / var_plus
+    if not (ra > LONG_RHO and rb > 0.0):
         return False
-    decay = min(r3 / r1, 1.0)  # per two lags
-    return r1 * decay ** ((MAX_DIRECT_LAG - 1) / 2.0) > LONG_RHO
+    decay = min(rb / ra, 1.0)  # over b - a lags
+    return rb * decay ** ((MAX_DIRECT_LAG - b) / (b - a)) > LONG_RHO
 
 
 @nb.njit(**_opts)
@@ -371,20 +375,29 @@ def _geyer_direct(c, R, h, cmv, rho, acov):
     """ArviZ's ``_ess`` on centred rows ``c`` (R rows of h) with autocovariances summed directly, four lags at a
     time and only as far as Geyer's sequence runs (``acov``: :data:`MAX_DIRECT_LAG` + 4 scratch).
 
-    Returns the ESS, -1.0 when the sequence needs a lag past :data:`MAX_DIRECT_LAG`, or -2.0 when the first four
-    lags already show that it will (:func:`_long_ahead`); either way the caller takes the FFT path.
+    Returns the ESS, -1.0 when the sequence needs a lag past :data:`MAX_DIRECT_LAG`, or -2.0 when the lags summed
+    so far show that it will (:func:`_long_ahead`, after the first 4 lags and again after :data:`SECOND_LOOK`);
+    either way the caller takes the FFT path.
     """
     _lag_sums4(c, R, h, 0, acov)
-    if h > MAX_DIRECT_LAG + 4 and _long_ahead(acov, R, h, cmv):
+    if h <= MAX_DIRECT_LAG + 4:
+        return _geyer(c, R, h, cmv, rho, acov, 4, MAX_DIRECT_LAG)
+    if _long_ahead(acov, R, h, cmv, 1, 3):
         return -2.0
-    return _geyer(c, R, h, cmv, rho, acov, 4, MAX_DIRECT_LAG)
+    e = _geyer(c, R, h, cmv, rho, acov, 4, SECOND_LOOK)
+    if e != -1.0:
+        return e
+    if _long_ahead(acov, R, h, cmv, SECOND_LOOK // 2 - 1, SECOND_LOOK - 1):
+        return -2.0
+    return _geyer(c, R, h, cmv, rho, acov, SECOND_LOOK, MAX_DIRECT_LAG)
 
 
 @nb.njit(fastmath=_SUMS, **_opts)
 def pair_power(f, out):
     """``out[k, q] = sum_j (|f[k, j, q]|^2 + |f[k, j, -q]|^2) / 2`` for ``q = 0..m // 2``: the summed power
     spectra of the real rows packed two to a complex row (``a + i b``, whose transform ``f`` gives
-    ``|F_a(q)|^2 + |F_b(q)|^2 = (|f(q)|^2 + |f(-q)|^2) / 2``)."""
+    ``|F_a(q)|^2 + |F_b(q)|^2 = (|f(q)|^2 + |f(-q)|^2) / 2``). ``out`` is complex (imaginary parts 0): the
+    Hermitian half-spectrum that an inverse real FFT takes as it is."""
     n, J, m = f.shape
     half = m // 2
     sq = np.empty(m)
@@ -412,13 +425,16 @@ def geyer_rows(acov, cmv, R, h, out):
 
 
 @nb.njit(**_opts)
-def _indicator_lag_sums(c, R, h, means, slope, out):
+def _indicator_lag_sums(c, R, h, means, slope, out, starts, ends):
     """Lag sums ``out[t] = sum_r sum_i c[r, i] c[r, i + t]`` (t = 0..h-1) of centred 0/1 rows ``c = I - means``
     (R rows of h) from the runs of ones: the overlap of two runs as a function of the lag is a trapezoid, whose four
     slope changes go into ``slope`` (2 h + 1,) scratch, summed twice. A row's ones are its positive entries (a row
-    of all ones or all zeros is centred to 0 and adds nothing). The counts are exact; the cost is the squared
-    number of runs. Returns False, with ``out`` undefined, when the rows hold more than :data:`MAX_RUN_PAIRS` pairs
-    of runs per row (the FFT costs less then)."""
+    of all ones or all zeros is centred to 0 and adds nothing). The counts are exact; the cost is linear in the
+    draws plus the squared number of runs. ``starts``, ``ends``: (h,) int64 scratch for one row's runs.
+
+    Returns False, with ``out`` undefined, when the rows hold more than :data:`MAX_RUN_PAIRS` pairs of runs per row
+    (direct sums or the FFT cost less then); the runs are counted first, so that answer costs one pass.
+    """
     pairs = 0
     for r in range(R):
         row = c[r * h:(r + 1) * h]
@@ -439,34 +455,35 @@ def _indicator_lag_sums(c, R, h, means, slope, out):
         if not (0.0 < mu < 1.0):
             continue
         row = c[r * h:(r + 1) * h]
+        k = 0  # the row's runs of ones [starts[j], ends[j])
+        prev = False
+        for i in range(h):
+            one = row[i] > 0.0
+            if one and not prev:
+                starts[k] = i
+            elif prev and not one:
+                ends[k] = i
+                k += 1
+            prev = one
+        if prev:
+            ends[k] = h
+            k += 1
         for u in range(2 * h + 1):
             slope[u] = 0.0
         # every pair of runs [x0, x1), [y0, y1): |[x0, x1) & [y0 - t, y1 - t)| changes slope by +1 at t = y0 - x1,
         # -1 at y0 - x0 and at y1 - x1, +1 at y1 - x0 (stored at index t + h)
-        i = 0
-        while i < h:
-            if row[i] > 0.0:
-                x0 = i
-                while i < h and row[i] > 0.0:
-                    i += 1
-                j = 0
-                while j < h:
-                    if row[j] > 0.0:
-                        y0 = j
-                        while j < h and row[j] > 0.0:
-                            j += 1
-                        slope[y0 - i + h] += 1.0
-                        slope[y0 - x0 + h] -= 1.0
-                        slope[j - i + h] -= 1.0
-                        slope[j - x0 + h] += 1.0
-                    else:
-                        j += 1
-            else:
-                i += 1
         ones = 0.0
-        for k in range(h):
-            if row[k] > 0.0:
-                ones += 1.0
+        for a in range(k):
+            x0 = starts[a]
+            x1 = ends[a]
+            ones += x1 - x0
+            for b in range(k):
+                y0 = starts[b]
+                y1 = ends[b]
+                slope[y0 - x1 + h] += 1.0
+                slope[y0 - x0 + h] -= 1.0
+                slope[y1 - x1 + h] -= 1.0
+                slope[y1 - x0 + h] += 1.0
         sl = 0.0
         g = 0.0  # overlap count S(t) = sum_{s < t} slope(s)
         for u in range(h):  # lags -h .. -1
@@ -501,9 +518,10 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
         ess: (P, N_VARS) ESS of the bulk scores, the two tail indicators, the split draws and the split squared
             deviations; NaN where ``pending``.
         pending: (P, N_VARS) int8: 0, or the variable's Geyer sequence needs lags past :data:`MAX_DIRECT_LAG`
-            (1: found by summing them, 2: foreseen from the first four, :func:`_long_ahead`).
-        pending_rows: (P N_VARS, C, m) complex, m >= 2 h - 1: the centred split rows of the pending variables,
-            in (parameter, variable) order, two to a complex row (rows 2j + i 2j+1), zero-padded to m;
+            (1: found by summing them, 2: foreseen from the first lags, :func:`_long_ahead`).
+        pending_rows: (P N_VARS, C, m) complex, m >= 2 h - 1, zero in entries h..m-1 of every row (which are never
+            written): the centred split rows of the pending variables, in (parameter, variable) order, two to a
+            complex row (rows 2j + i 2j+1), in entries 0..h-1;
         pending_cmv: (P N_VARS,) the variance of their row means (ddof 1; 0 for one row).
         finite: (P,) bool: every draw of the parameter is finite; for a parameter that is not, only ``pending``
             (all 0) is written besides.
@@ -513,7 +531,6 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
     h = D // 2
     R = 2 * C
     N = R * h
-    m = pending_rows.shape[2]
     off = D - h  # the second half of a chain starts here (the middle draw of an odd D is dropped)
     v = np.empty(N)
     s = np.empty(N)
@@ -531,6 +548,8 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
     acov = np.empty(MAX_DIRECT_LAG + 4)
     acov_all = np.empty(max(h, 4))
     slope = np.empty(2 * h + 1)
+    run_starts = np.empty(h, np.int64)
+    run_ends = np.empty(h, np.int64)
     qs = np.empty(2)
     const = np.empty(N_VARS, np.bool_)
     n_pending = 0
@@ -624,22 +643,21 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
             if var > 0:
                 _centre_rows(rows[var], R, h, means[var])
             cmv = _var_ddof1(means[var]) if R > 1 else 0.0
-            e = _geyer_direct(rows[var], R, h, cmv, rho, acov)
-            if e < 0.0 and (var == 1 or var == 2):  # tail indicators: every lag from the runs, when they are few
-                if _indicator_lag_sums(rows[var], R, h, means[var], slope, acov_all):
-                    e = _geyer(rows[var], R, h, cmv, rho, acov_all, h, 0)
-            if e < 0.0:  # -1.0: past the direct lags; -2.0: foreseen after four lags
+            if (var == 1 or var == 2) and _indicator_lag_sums(rows[var], R, h, means[var], slope, acov_all,
+                                                              run_starts, run_ends):
+                e = _geyer(rows[var], R, h, cmv, rho, acov_all, h, 0)  # tail indicator with few runs: every lag
+            else:
+                e = _geyer_direct(rows[var], R, h, cmv, rho, acov)
+            if e < 0.0:  # -1.0: past the direct lags; -2.0: foreseen from the first lags
                 pending[p, var] = 1 if e == -1.0 else 2
                 ess[p, var] = np.nan
                 pending_cmv[n_pending] = cmv
-                for j in range(C):  # split rows 2j and 2j + 1 as one complex row, zero-padded to m
+                for j in range(C):  # split rows 2j and 2j + 1 as one complex row
                     o = pending_rows[n_pending, j]
                     a = rows[var, 2 * j * h:(2 * j + 1) * h]
                     b = rows[var, (2 * j + 1) * h:(2 * j + 2) * h]
-                    for i in range(h):
+                    for i in range(h):  # entries h..m-1 stay the caller's zeros
                         o[i] = complex(a[i], b[i])
-                    for i in range(h, m):
-                        o[i] = 0.0
                 n_pending += 1
             else:
                 ess[p, var] = e

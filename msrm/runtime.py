@@ -573,6 +573,7 @@ def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
         "numpyro": _version("numpyro"),
         "arviz": _version("arviz"),
         "numba": _version("numba"),
+        "ducc0": _version("ducc0"),
         "cpu_model": cpu_model(),
         "cpu_vector_level": cpu_vector_level(),
         "physical_cores": physical_cores(),

@@ -330,7 +330,7 @@ def _kernel_pending(x):
     R, h = 2 * C, D // 2
     pending = np.empty((P, K.N_VARS), np.int8)
     n = K.diagnose_block(block, diag._z_table(R * h), diag._TAIL_PROBS, np.empty((P, K.N_STATS)),
-                         np.empty((P, K.N_VARS)), pending, np.empty((P * K.N_VARS, C, diag._fft_len(h)), complex),
+                         np.empty((P, K.N_VARS)), pending, np.zeros((P * K.N_VARS, C, diag._fft_len(h)), complex),
                          np.empty(P * K.N_VARS), np.empty(P, bool))
     assert n == np.count_nonzero(pending)
     return pending
@@ -386,7 +386,15 @@ def test_long_sequence_guess_both_sides_equal_arviz():
     for r1, r3, want in ((0.99, 0.98, True), (0.5, 0.49, True), (0.9, 0.81, False), (0.05, 0.05, False),
                          (0.99, -0.1, False)):
         acov[:4] = R * h * np.array([1.0, r1, 0.0, r3]) * (h - 1) / h  # rho_t = acov_t / acov_0 with cmv = 0
-        assert K._long_ahead(acov, R, h, 0.0) is want, (r1, r3)
+        assert K._long_ahead(acov, R, h, 0.0, 1, 3) is want, (r1, r3)
+    # the second look, after SECOND_LOOK lags: lags SECOND_LOOK / 2 - 1 and SECOND_LOOK - 1 extrapolated the same way
+    a, b = K.SECOND_LOOK // 2 - 1, K.SECOND_LOOK - 1
+    for ra, rb, want in ((0.6, 0.55, True), (0.6, 0.3, False), (0.05, 0.04, False)):
+        acov[:] = 0.0
+        acov[0] = R * h * (h - 1) / h
+        acov[a] = acov[0] * ra
+        acov[b] = acov[0] * rb
+        assert K._long_ahead(acov, R, h, 0.0, a, b) is want, (ra, rb)
 
 
 def test_float32_and_strided_draws_equal_the_oracle():
@@ -461,11 +469,29 @@ def test_indicator_lag_sums_from_runs_equal_direct_sums_both_sides_of_the_pair_b
     long_runs[2] = 1.0  # a row of ones
     long_runs[3] = 0.0  # a row of zeros
     long_runs[4, 299] = 1.0  # a run at the row's end
+    long_runs[5, :7] = 1.0  # a run at the row's start
     cases.append(long_runs)
     for y, ok in zip(cases, (True, True, False, True)):
         means = y.mean(axis=1)
         c = (y - means[:, None]).ravel()
         out = np.empty(h)
-        assert K._indicator_lag_sums(c, R, h, means, np.empty(2 * h + 1), out) is ok
+        assert K._indicator_lag_sums(c, R, h, means, np.empty(2 * h + 1), out, np.empty(h, np.int64),
+                                     np.empty(h, np.int64)) is ok
         if ok:
             np.testing.assert_allclose(out, direct(c.reshape(R, h)), rtol=1e-12, atol=1e-10)
+
+
+def test_long_ess_transforms_without_ducc0_equal_those_with_it(monkeypatch):
+    """The long-ESS path gives the same numbers whether ducc0 or scipy.fft runs its transforms, over several
+    blocks of one thread (whose pending rows re-use one buffer and its zero padding)."""
+    pytest.importorskip("ducc0")
+    rng = np.random.default_rng(61)
+    x = np.concatenate([_ar1(rng, 4, 400, 12, 0.99), _random_walk_noise(rng, 4, 400, 12)], axis=2)
+    with_ducc = diag.diagnose_draws(x, block_size=5, num_threads=1)
+    assert diag.fft_library().startswith("ducc0")
+    monkeypatch.setattr(diag, "_ducc_fft", lambda: None)
+    assert diag.fft_library() == "scipy.fft"
+    without = diag.diagnose_draws(x, block_size=5, num_threads=1)
+    for name in diag.COLUMNS:
+        np.testing.assert_allclose(with_ducc[name], without[name], rtol=1e-12, err_msg=name)
+    _assert_same(with_ducc, _arviz_columns(x))

@@ -206,7 +206,7 @@ def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: 
     for case, kind, chains, draws, n_params, arviz_params in cases:
         x = draws_of_kind(kind, chains, draws, n_params, seed=seed)
         common = dict(case=case, draw_kind=kind, n_params=n_params, chains=chains, draws=draws, profile=profile,
-                      num_threads=blas_threads())
+                      num_threads=blas_threads(), fft_library=diag.fft_library())
 
         def row(metric, value, unit, **extra):
             rows.append(make_row(NOTEBOOK, "diagnostics", metric, value, unit, info=info, **common, **extra))
