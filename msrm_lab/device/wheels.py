@@ -1,9 +1,10 @@
 """The wheels the GPU image lacks: downloaded here with ``pip download``, carried, installed there with one command.
 
-``tools/device-wheels.txt`` pins them (ArviZ and the packages it needs beyond the image's own; the notebooks'
-papermill is not among them: the device run calls the benchmark functions directly). They are pure-Python wheels,
-fetched without their dependencies (``--no-deps``: everything else they import is in the image) for CPython 3.12
-on manylinux x86_64. On the GPU machine ``tools/bench_device.sh`` installs them with::
+``tools/device-wheels.txt`` pins them: ArviZ and the packages it needs beyond the image's own, and ducc0, which
+runs the diagnostics' FFTs where it is installed (the notebooks' papermill is not among them: the device run calls
+the benchmark functions directly). All but ducc0 are pure-Python wheels; every one is fetched without its
+dependencies (``--no-deps``: everything else they import is in the image) for CPython 3.12 on manylinux x86_64.
+On the GPU machine ``tools/bench_device.sh`` installs them with::
 
     python3 -m pip install --no-index --no-deps --find-links <folder> --target <site> -r tools/device-wheels.txt
 
