@@ -113,7 +113,8 @@ test-oldest: $(STAMP_OLDEST) chromium
 test-slow: install chromium
 	$(PY) -m pytest -q -m slow
 
-notes: install
+# The note's rows include the recovery benchmark's peers, so the note profile installs them as make book does.
+notes: install install-peers
 	$(PY) -m msrm_lab.notebooks run --profile note --device $(DEVICE) --repeats 3
 
 bench-device:

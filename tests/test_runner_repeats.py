@@ -74,6 +74,20 @@ def test_rows_without_a_measurement_stay_as_the_first_repeat_wrote_them():
     assert c["status"] == "projected" and c["value"] == 6.0 and c["params"]["process_values"] == [5.0, 7.0]
 
 
+def test_a_size_skipped_in_one_repeat_and_refused_in_another_merges_with_both_reasons():
+    skipped = [_row("a", 1.0), _row("m", None, status="not_yet_measured", reason="over the time budget")]
+    refused = [_row("a", 3.0), _row("m", None, status="refused", reason="memory guard", load=4.0)]
+    a, m = merge_rows([skipped, refused, skipped])
+    assert a["value"] == 1.0
+    assert m["status"] == "not_yet_measured" and m["value"] is None
+    assert m["params"]["reason"] == "over the time budget"
+    assert m["params"]["process_statuses"] == ["not_yet_measured", "refused", "not_yet_measured"]
+    assert m["params"]["process_reasons"] == ["over the time budget", "memory guard", "over the time budget"]
+    # a row without a measurement still does not match a measured one
+    with pytest.raises(ValueError, match=r"status 'refused' vs 'measured'"):
+        merge_rows([[_row("m", None, status="refused")], [_row("m", 2.0)]])
+
+
 # --- the runner -----------------------------------------------------------------------------------------------------
 
 _notebook = toy_notebook

@@ -24,14 +24,19 @@ from typing import Any, Sequence
 __all__ = ["KEY_FIELDS", "UNMERGED_STATUSES", "merge_rows"]
 
 KEY_FIELDS = ("experiment", "metric", "unit", "status")
-"""What must agree, position by position, between the repeats of one notebook."""
+"""What must agree, position by position, between the repeats of one notebook (the two statuses of
+:data:`UNMERGED_STATUSES` count as one)."""
 
 UNMERGED_STATUSES = ("not_yet_measured", "refused")
-"""Rows that hold no measurement: kept as the first repeat wrote them."""
+"""Rows that hold no measurement: kept as the first repeat wrote them. Which of the two a repeat writes can
+depend on the machine's state at the time (a size skipped because its predicted time exceeds the budget in one
+process is tried and refused by the memory guard in another), so a row of either status matches a row of the
+other; the merged row lists every repeat's status in ``params["process_statuses"]`` when they differ."""
 
 
 def _key(row: dict) -> tuple:
-    return tuple(row.get(k) for k in KEY_FIELDS)
+    return tuple("unmeasured" if k == "status" and row.get(k) in UNMERGED_STATUSES else row.get(k)
+                 for k in KEY_FIELDS)
 
 
 def _check_same_shape(repeats: Sequence[Sequence[dict]]) -> None:
@@ -67,7 +72,12 @@ def _load(row: dict) -> float | None:
 def _merge_one(rows: Sequence[dict]) -> dict:
     first = rows[0]
     if first.get("status") in UNMERGED_STATUSES:
-        return copy.deepcopy(first)
+        out = copy.deepcopy(first)
+        statuses = [r.get("status") for r in rows]
+        if len(set(statuses)) > 1:
+            out["params"] = dict(out.get("params") or {}, process_statuses=statuses,
+                                 process_reasons=[(r.get("params") or {}).get("reason") for r in rows])
+        return out
     values = [_number(r.get("value")) for r in rows]
     loads = [_load(r) for r in rows]
     out = copy.deepcopy(first)
@@ -113,7 +123,8 @@ def merge_rows(repeats: Sequence[Sequence[dict]]) -> list[dict]:
       repeats' (the merged value is only as clean as the busiest process it came from).
 
     Rows with status ``not_yet_measured`` or ``refused`` carry no measurement and are kept as the first repeat
-    wrote them. With one repeat the rows gain the ``process_*`` fields and are otherwise unchanged.
+    wrote them; the two statuses match each other, and where the repeats wrote different ones the merged row's
+    ``params`` gains ``process_statuses`` and ``process_reasons`` (each repeat's). With one repeat the rows gain the ``process_*`` fields and are otherwise unchanged.
 
     Args:
         repeats: ``N >= 1`` lists of rows (``msrm_lab.bench.rows.make_row`` dicts), one per execution.
