@@ -28,7 +28,7 @@ from .paths import repo_root
 __all__ = [
     "REFERENCE_LABEL", "NOT_MEASURED", "GPU_COLUMN", "NOT_IN_BUILD", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
     "device_summary", "reference_rows", "figure_paths", "fmt", "show_table", "figure_markdown", "show_figures",
-    "devices_in", "param_columns", "pick", "run_statuses", "profile_sittings",
+    "devices_in", "param_columns", "pick", "run_statuses", "profile_sittings", "spread",
 ]
 
 REFERENCE_LABEL = "note, 2026-09-21"
@@ -282,6 +282,26 @@ def fmt(value, unit: str | None = None, digits: int = 3) -> str:
     else:
         text = f"{v:.{digits - 1}e}"
     return f"{text} {unit}" if unit else text
+
+
+def spread(row, lo: str = "min", hi: str = "max") -> tuple[float | None, float | None, str]:
+    """``(low, high, over)``: the spread that belongs with a row's value, for prose beside it.
+
+    A row merged from several executions of its notebook (``process_repeats`` > 1) holds the median of their
+    values, so its spread is ``process_min``–``process_max`` (``over = "processes"``); a row from one execution
+    gives the spread of its own repeats, the ``lo`` and ``hi`` columns (``over = "repeats"``). ``(None, None,
+    over)`` when the row has no usable pair. ``row``: a pandas Series (a row of :func:`load_results`) or a dict.
+    """
+    def num(key):
+        v = row.get(key) if hasattr(row, "get") else None
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+    n = num("process_repeats")
+    if n is not None and n > 1:
+        a, b = num("process_min"), num("process_max")
+        return (a, b, "processes") if a is not None and b is not None else (None, None, "processes")
+    a, b = num(lo), num(hi)
+    return (a, b, "repeats") if a is not None and b is not None else (None, None, "repeats")
 
 
 def _format_cell(v) -> str:

@@ -10,7 +10,7 @@ notebook are fresh when every row's commit is at or after the newest commit touc
 stale. Chapters call:
 
     notice = freshness_notice("state_space")     # Markdown of a {warning} admonition, or "" when fresh
-    display(Markdown(notice))                     # (the book renders Markdown output as MyST)
+    show_notices(["state_space"], df)            # displays each stale notebook's notice, nothing when fresh
 
 :func:`freshness_notice` also reports a stale notebook outside the page: a :class:`StaleResultsWarning`
 (``warnings.warn``) and one line on the process's own standard error (``sys.__stderr__``). In a book build the
@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-__all__ = ["MEASURED_PATHS", "StaleResultsWarning", "stale_notebooks", "freshness_notice"]
+__all__ = ["MEASURED_PATHS", "StaleResultsWarning", "stale_notebooks", "freshness_notice", "show_notices"]
 
 
 class StaleResultsWarning(UserWarning):
@@ -237,3 +237,20 @@ def freshness_notice(notebook: str, df_or_rows=None, repo: str | Path | None = N
     if stream is not None:
         print(f"msrm_lab.freshness: stale results: {body}", file=stream, flush=True)
     return "```{warning}\n" + body + "\n```\n"
+
+
+def show_notices(notebooks: Iterable[str], df_or_rows=None, repo: str | Path | None = None) -> list[str]:
+    """Display, as Markdown cell output, the :func:`freshness_notice` of each of ``notebooks`` that is stale.
+
+    A fresh notebook displays nothing: an empty Markdown output has no Markdown to render, and the book would show
+    its plain-text form (the object's repr) instead. Returns the notices displayed, in order.
+    """
+    from IPython.display import Markdown, display
+
+    shown = []
+    for notebook in notebooks:
+        notice = freshness_notice(notebook, df_or_rows, repo)
+        if notice:
+            display(Markdown(notice))
+            shown.append(notice)
+    return shown

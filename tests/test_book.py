@@ -202,3 +202,16 @@ def test_built_book_in_headless_chromium(built_book):
     assert "cpu-smoke-book" in report.devices
     assert report.images >= 1 and report.math_pages >= 1 and report.device_tables >= 1
     assert all(r.startswith(("http://127.0.0.1", "data:", "blob:", "about:")) for r in report.requests)
+
+
+def test_spread_is_over_processes_for_merged_rows_and_over_repeats_otherwise():
+    import pandas as pd
+
+    merged = pd.Series({"value": 15.8, "min": 14.5, "max": 15.6, "process_repeats": 3, "process_min": 15.1,
+                        "process_max": 17.9})
+    assert mb.spread(merged) == (15.1, 17.9, "processes")  # the median's own spread, not one process's repeats
+    one = {"value": 1.0, "min_s": 0.9, "max_s": 1.2, "process_repeats": 1, "process_min": 1.0, "process_max": 1.0}
+    assert mb.spread(one, "min_s", "max_s") == (0.9, 1.2, "repeats")
+    assert mb.spread({"value": 1.0, "min": float("nan"), "max": 2.0}) == (None, None, "repeats")
+    assert mb.spread(pd.Series({"process_repeats": 2, "process_min": None, "process_max": 3.0})) == (
+        None, None, "processes")

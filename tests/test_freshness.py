@@ -126,3 +126,20 @@ def test_every_notebook_has_measured_paths_that_exist():
         assert paths, nb
         for p in paths:
             assert (root / p).exists(), f"{nb}: {p} does not exist"
+
+
+def test_show_notices_displays_only_stale_notebooks(repo, monkeypatch):
+    r, c = repo
+    monkeypatch.setitem(fr.MEASURED_PATHS, "nb", PATHS["nb"])
+    monkeypatch.setitem(fr.MEASURED_PATHS, "fresh", PATHS["nb"])
+    shown = []
+    import IPython.display
+
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    rows = [_row(c["c2"]), _row(c["c3"], notebook="fresh")]
+    with pytest.warns(fr.StaleResultsWarning):
+        notices = fr.show_notices(["fresh", "nb"], rows, r)
+    # the fresh notebook displays nothing at all: an empty Markdown output renders as its repr in the book
+    assert len(notices) == 1 and notices[0].startswith("```{warning}")
+    assert len(shown) == 1 and shown[0].data == notices[0]
+    assert fr.show_notices(["fresh"], rows, r) == [] and len(shown) == 1

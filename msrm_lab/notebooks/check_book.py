@@ -86,6 +86,8 @@ _PAGE_JS = """async () => {
     mathOut: document.querySelectorAll('mjx-container').length,
     rawMath: Array.from(document.querySelectorAll('.math')).filter(
       e => !e.querySelector('mjx-container') && /\\\\\\(|\\\\\\[/.test(e.textContent)).length,
+    reprs: Array.from(document.querySelectorAll('.cell_output')).map(e => e.textContent).join(' ')
+      .match(/<[A-Za-z_][\\w.]* object(?: at 0x[0-9a-fA-F]+)?>/g) || [],
   };
 }"""
 
@@ -179,6 +181,9 @@ def check_book(html: str | Path, *, results=None, chromium: str = "/usr/bin/chro
                     else:
                         n_inventory += 1
                         inventory_rows.update(t["rows"])
+                if seen["reprs"]:  # e.g. an empty Markdown output, which has only its plain-text repr to show
+                    report.failures.append(f"{rel}: {len(seen['reprs'])} cell output(s) show an object's repr "
+                                           f"instead of its content, first {seen['reprs'][0]!r}")
                 if seen["mathSource"]:
                     report.math_pages += 1
                     if not seen["mathOut"]:
