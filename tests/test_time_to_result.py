@@ -123,3 +123,34 @@ def test_gp_map_rows_smoke():
     assert by["total_s"]["value"] == pytest.approx(phases, rel=1e-9)
     assert by["iterations"]["value"] >= 1 and by["total_s"]["params"]["target_s"] == 60
     assert by["converged"]["value"] in (0.0, 1.0) and by["met_target"]["value"] in (0.0, 1.0)
+
+
+def test_a_case_overrides_the_profile_map_settings_and_the_rows_say_which_ran(monkeypatch):
+    from msrm_lab.bench import time_to_result as ttr
+
+    profile = {"maxiter": 1000, "maxcor": 20}
+    assert ttr.case_map_settings({}, profile) == profile
+    assert ttr.case_map_settings({"map": {"maxcor": None}}, profile) == {"maxiter": 1000, "maxcor": None}
+    assert ttr.case_map_settings({"map": {"maxcor": None}, "maxiter": 5}, profile) == {"maxiter": 5, "maxcor": None}
+    assert profile == {"maxiter": 1000, "maxcor": 20}  # the profile's settings are not modified
+
+    # two tiny cases, one with three correction pairs and one with SciPy's default: each is timed with its own
+    # settings, and its rows record them
+    base = ttr.SIZES["smoke"]["cases"][0]
+    sizes = dict(ttr.SIZES["smoke"], map=dict(maxiter=100, maxcor=3),
+                 cases=[dict(base, case="three"), dict(base, case="default", map=dict(maxcor=None))])
+    monkeypatch.setitem(ttr.SIZES, "smoke", sizes)
+    seen = []
+    real = ttr.time_case
+
+    def spy(case, rmsrm, map_settings):
+        seen.append(ttr.case_map_settings(case, map_settings))
+        return real(case, rmsrm, map_settings)
+
+    monkeypatch.setattr(ttr, "time_case", spy)
+    rows = ttr.gp_map_rows("smoke")
+    assert seen == [{"maxiter": 100, "maxcor": 3}, {"maxiter": 100, "maxcor": None}]
+    by = {(r["params"]["case"], r["metric"]): r for r in rows}
+    assert by[("three", "total_s")]["params"]["maxcor"] == 3
+    assert by[("default", "total_s")]["params"]["maxcor"] is None
+    assert by[("default", "total_s")]["params"]["map_settings"] == {"maxiter": 100, "maxcor": None}
