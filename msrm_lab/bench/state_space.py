@@ -19,7 +19,8 @@ from .measure import PeakMemory, warm_median
 from .rows import make_row
 
 __all__ = ["SIZES", "NOTEBOOK", "NOTE_STATES_PER_FACTOR", "TARGETS", "note_staging_bytes", "memory_rows",
-           "speed_rows", "ladder_rows", "bank_rows", "block_rows", "parallel_rows", "target_rows", "all_rows"]
+           "speed_rows", "ladder_rows", "bank_rows", "block_rows", "parallel_rows", "target_rows",
+           "factorization_function", "all_rows"]
 
 NOTEBOOK = "state_space"
 NOTE_STATES_PER_FACTOR = 50
@@ -299,6 +300,42 @@ def parallel_rows(size: str, *, info=None) -> list[dict]:
     return rows
 
 
+def factorization_function(n: int, seed: int = 0):
+    """``(fn, method)``: one call of ``fn()`` is the value and gradient of the library's guarded factorization
+    alone at dimension ``n``, as the grouped likelihood calls it.
+
+    ``fn`` is a jitted ``jax.value_and_grad`` of ``quad + logdet`` from :func:`msrm.gp.linalg.quad_logdet` (the
+    platform's method, ``symmetric=True``) at an exactly symmetric SPD ``M`` (:func:`msrm_lab.bench.linalg.spd_matrix`)
+    and one right-hand side ``v``. It returns ``(value, sum of both gradients)``: the (n, n) gradient
+    ``M^{-1} - A A^T`` is reduced inside the same computation, so XLA reads ``M^{-1}`` once and writes no (n, n)
+    output, as the likelihood's Woodbury backward reads it once. On the CPU platform one call is therefore POTRF,
+    POTRS and POTRI on the host, plus moving ``M`` to the host and ``M^{-1}`` back, plus that one pass: the
+    POTRF+POTRI floor and what the callback path adds to it, without any of the model's own work.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from msrm.gp import linalg
+
+    from .linalg import spd_matrix
+
+    M = jnp.asarray(spd_matrix(n, seed))
+    v = jnp.asarray(np.random.default_rng(seed + 1).normal(size=n))
+    method = linalg.resolve_method("auto")
+
+    def density(M, v):
+        quad, logdet, _ = linalg.quad_logdet(M, v, method=method, symmetric=True)
+        return quad + logdet
+
+    @jax.jit
+    def fn(M, v):
+        value, (gM, gv) = jax.value_and_grad(density, argnums=(0, 1))(M, v)
+        return value, jnp.sum(gM) + jnp.sum(gv)
+
+    return (lambda: fn(M, v)), f"quad_logdet value+grad, {method}"
+
+
 def target_rows(size: str, *, info=None) -> list[dict]:
     """The three gradient targets (:data:`TARGETS`) beside their measured values, each timed by alternating calls
     in this process (median, min, max over ``repeats``):
@@ -308,7 +345,13 @@ def target_rows(size: str, *, info=None) -> list[dict]:
       fixed ``rival_blocks`` (their rows say ``requested``);
     * ``grouped_over_floor``: grouped value+grad over POTRF+POTRI at its NK (:func:`msrm_lab.bench.gp.floor_function`),
       K = ``ratio_K``;
-    * ``grouped_over_state_space``: grouped over state space (tuned block) on the same data, K = ``ratio_K``.
+    * ``grouped_over_state_space``: grouped over state space (tuned block) on the same data, K = ``ratio_K``;
+
+    and, timed in the same alternation, where grouped's time goes: ``factorization_median_s``, the library's
+    factorization alone at the same NK (:func:`factorization_function`), ``factorization_over_floor`` (what the
+    factorization's own path adds to POTRF+POTRI) and ``grouped_outside_factorization_s`` (grouped less the
+    factorization, difference of medians: the model's own work around it, i.e. node statistics, node covariances,
+    building ``M`` and the Woodbury backward).
 
     Every row carries the machine's block-model coefficients and where they came from."""
     import numpy as np
@@ -347,14 +390,22 @@ def target_rows(size: str, *, info=None) -> list[dict]:
     u_ss, u_gr = ss.unconstrain(truth.params), gr.unconstrain(truth.params)
     NK = max(gr.factorization_dims)
     floor_fn, floor_method = floor_function(NK)
+    fact_fn, fact_method = factorization_function(NK)
     times = side_by_side({"grouped": lambda: gr.value_and_grad(u_gr), "floor": floor_fn,
-                          "state_space": lambda: ss.value_and_grad(u_ss)}, repeats=tg["repeats"])
+                          "factorization": fact_fn, "state_space": lambda: ss.value_and_grad(u_ss)},
+                         repeats=tg["repeats"])
     med = {k: float(np.median(v)) for k, v in times.items()}
     base = dict(tune, K=tg["ratio_K"], scale=1.0, NK=NK, measured="alternating calls")
-    for k in ("grouped", "floor", "state_space"):
-        extra = _ss_params(ss) if k == "state_space" else dict(floor=floor_method) if k == "floor" else {}
+    extras = {"state_space": _ss_params(ss), "floor": dict(floor=floor_method),
+              "factorization": dict(factorization=fact_method)}
+    for k in ("grouped", "floor", "factorization", "state_space"):
         rows.append(make_row(NOTEBOOK, "targets", f"{k}_median_s", med[k], "s", info=info, **_spread(times[k]),
-                             **base, **extra))
+                             **base, **extras.get(k, {})))
+    rows.append(make_row(NOTEBOOK, "targets", "factorization_over_floor", med["factorization"] / med["floor"], "x",
+                         info=info, floor=floor_method, factorization=fact_method, **base))
+    rows.append(make_row(NOTEBOOK, "targets", "grouped_outside_factorization_s",
+                         med["grouped"] - med["factorization"], "s", info=info, factorization=fact_method,
+                         difference="of medians", **base))
     rows.append(make_row(NOTEBOOK, "targets", "grouped_over_floor", med["grouped"] / med["floor"], "x", info=info,
                          target=TARGETS["grouped_over_floor"], target_kind="at most", floor=floor_method, **base))
     rows.append(make_row(NOTEBOOK, "targets", "grouped_over_state_space", med["grouped"] / med["state_space"], "x",
