@@ -298,6 +298,27 @@ def test_the_benchmarked_factorization_alone_gives_the_density_and_gradient_of_n
     assert method.endswith(linalg.resolve_method("auto"))
 
 
+def test_the_benchmarked_pieces_of_the_grouped_likelihood_are_those_of_the_model():
+    """The pieces the state-space notebook times are the model's own: the Woodbury piece's value at the run's
+    statistics and covariances is the model's log likelihood of that run, and every piece returns a finite value
+    and a gradient of its inputs' shapes."""
+    import msrm
+    from msrm_lab.bench.state_space import SIZES, _case, grouped_parts
+
+    data, truth = _case(SIZES["smoke"], K=2)
+    model = msrm.GPMSRM(data, truth.spec, linear_algebra="grouped")
+    u = model.unconstrain(truth.params)
+    parts = grouped_parts(model, u)
+    per_run = model.pointwise_log_likelihood(u, by="run")["run"]
+    np.testing.assert_allclose(parts["loglik"], per_run[parts["run_index"]], rtol=1e-12)
+    for name in ("statistics", "covariance", "woodbury"):
+        value, grad = parts[name]()
+        assert np.isfinite(float(value)), name
+        assert all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree_util.tree_leaves(grad)), name
+    _, (g_eta, g_R, g_C) = parts["woodbury"]()
+    assert g_C.shape[0] == 2 and g_R.shape[-1] == 2 and g_eta.shape[0] == parts["run_nodes"]
+
+
 @pytest.mark.parametrize("K", [1, 2, 3, 5, linalg.SMALL_CHOLESKY_MAX, linalg.SMALL_CHOLESKY_MAX + 1])
 def test_small_cholesky_equals_lapack_and_differentiates(K):
     rng = np.random.default_rng(K)

@@ -20,7 +20,7 @@ from .rows import make_row
 
 __all__ = ["SIZES", "NOTEBOOK", "NOTE_STATES_PER_FACTOR", "TARGETS", "note_staging_bytes", "memory_rows",
            "speed_rows", "ladder_rows", "bank_rows", "block_rows", "parallel_rows", "target_rows",
-           "factorization_function", "all_rows"]
+           "factorization_function", "grouped_parts", "all_rows"]
 
 NOTEBOOK = "state_space"
 NOTE_STATES_PER_FACTOR = 50
@@ -336,6 +336,59 @@ def factorization_function(n: int, seed: int = 0):
     return (lambda: fn(M, v)), f"quad_logdet value+grad, {method}"
 
 
+def grouped_parts(model, u, seed: int = 0) -> dict:
+    """The grouped likelihood of the model's largest run cut into the three pieces its value and gradient are made
+    of, each a jitted ``jax.value_and_grad`` called with no arguments (outputs synchronised by the caller):
+
+    * ``statistics``: the node statistics ``(eta, R, const)`` (:func:`msrm.gp.likelihood.node_information_arrays`);
+    * ``covariance``: the node covariances ``C_k = A K_k A^T`` (:func:`msrm.gp.likelihood.node_covariance_arrays`,
+      chunked window products where the layout allows);
+    * ``woodbury``: :func:`msrm.gp.likelihood.woodbury_loglik` of the run's own ``(eta, R, C)``: symmetrising
+      ``C``, building ``M = I + R C R^T``, the factorization and the Woodbury backward to ``(eta, R, C)``.
+
+    The first two are differentiated from the constrained parameters ``theta`` through a fixed random cotangent of
+    their outputs (a scalar ``sum(out * G)``), so each runs its forward and its reverse pass once, as inside the
+    model; their sum with ``woodbury`` is the run's value and gradient less the parameter transforms and priors.
+    Also returned: ``loglik``, the run's log likelihood from ``woodbury`` (for checks), ``run_index`` and
+    ``run_nodes``.
+    """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from msrm.gp import likelihood as lk
+    from msrm.gp import transforms
+    from msrm.gp.prepare import prepare
+
+    runs = prepare(model.data, model.spec, grouped=True).runs
+    index = max(range(len(runs)), key=lambda i: int(runs[i].layout.n_nodes))
+    run = runs[index]
+    sig, arrays = lk._own_arrays(run)
+    dist = jnp.asarray(run.layout.dist)
+    theta = transforms.constrain(jnp.asarray(u), model.blocks)[0]
+    _, eta, R, const = lk.node_information_arrays(theta, sig, arrays)
+    C = lk.node_covariance_arrays(theta, sig, dist, arrays)
+    rng = np.random.default_rng(seed)
+    g_eta, g_R, g_C = (jnp.asarray(rng.normal(size=x.shape)) for x in (eta, R, C))
+
+    def statistics(th):
+        _, e, r, c = lk.node_information_arrays(th, sig, arrays)
+        return jnp.sum(e * g_eta) + jnp.sum(r * g_R) + c
+
+    def covariance(th):
+        return jnp.sum(lk.node_covariance_arrays(th, sig, dist, arrays) * g_C)
+
+    def woodbury(e, r, c):
+        return lk.woodbury_loglik(e, r, c, const, sig.method)[0]
+
+    stats_vg = jax.jit(jax.value_and_grad(statistics))
+    cov_vg = jax.jit(jax.value_and_grad(covariance))
+    wood_vg = jax.jit(jax.value_and_grad(woodbury, argnums=(0, 1, 2)))
+    return dict(statistics=lambda: stats_vg(theta), covariance=lambda: cov_vg(theta),
+                woodbury=lambda: wood_vg(eta, R, C), loglik=float(wood_vg(eta, R, C)[0]),
+                run_index=index, run_nodes=int(run.layout.n_nodes))
+
+
 def target_rows(size: str, *, info=None) -> list[dict]:
     """The three gradient targets (:data:`TARGETS`) beside their measured values, each timed by alternating calls
     in this process (median, min, max over ``repeats``):
@@ -351,7 +404,10 @@ def target_rows(size: str, *, info=None) -> list[dict]:
     factorization alone at the same NK (:func:`factorization_function`), ``factorization_over_floor`` (what the
     factorization's own path adds to POTRF+POTRI) and ``grouped_outside_factorization_s`` (grouped less the
     factorization, difference of medians: the model's own work around it, i.e. node statistics, node covariances,
-    building ``M`` and the Woodbury backward).
+    building ``M`` and the Woodbury backward), which the same alternation cuts into its pieces
+    (:func:`grouped_parts`): ``statistics_median_s``, ``covariance_median_s``, ``woodbury_median_s`` and
+    ``woodbury_outside_factorization_s`` (the Woodbury piece less the factorization: building ``M`` and its
+    backward).
 
     Every row carries the machine's block-model coefficients and where they came from."""
     import numpy as np
@@ -391,16 +447,23 @@ def target_rows(size: str, *, info=None) -> list[dict]:
     NK = max(gr.factorization_dims)
     floor_fn, floor_method = floor_function(NK)
     fact_fn, fact_method = factorization_function(NK)
+    parts = grouped_parts(gr, u_gr)
     times = side_by_side({"grouped": lambda: gr.value_and_grad(u_gr), "floor": floor_fn,
-                          "factorization": fact_fn, "state_space": lambda: ss.value_and_grad(u_ss)},
+                          "factorization": fact_fn, "state_space": lambda: ss.value_and_grad(u_ss),
+                          **{k: parts[k] for k in ("statistics", "covariance", "woodbury")}},
                          repeats=tg["repeats"])
     med = {k: float(np.median(v)) for k, v in times.items()}
     base = dict(tune, K=tg["ratio_K"], scale=1.0, NK=NK, measured="alternating calls")
+    part = dict(run_nodes=parts["run_nodes"])
     extras = {"state_space": _ss_params(ss), "floor": dict(floor=floor_method),
-              "factorization": dict(factorization=fact_method)}
-    for k in ("grouped", "floor", "factorization", "state_space"):
+              "factorization": dict(factorization=fact_method), "statistics": part, "covariance": part,
+              "woodbury": part}
+    for k in ("grouped", "floor", "factorization", "state_space", "statistics", "covariance", "woodbury"):
         rows.append(make_row(NOTEBOOK, "targets", f"{k}_median_s", med[k], "s", info=info, **_spread(times[k]),
                              **base, **extras.get(k, {})))
+    rows.append(make_row(NOTEBOOK, "targets", "woodbury_outside_factorization_s",
+                         med["woodbury"] - med["factorization"], "s", info=info, factorization=fact_method,
+                         difference="of medians", **part, **base))
     rows.append(make_row(NOTEBOOK, "targets", "factorization_over_floor", med["factorization"] / med["floor"], "x",
                          info=info, floor=floor_method, factorization=fact_method, **base))
     rows.append(make_row(NOTEBOOK, "targets", "grouped_outside_factorization_s",
