@@ -340,8 +340,8 @@ def grouped_parts(model, u, seed: int = 0) -> dict:
     """The grouped likelihood of the model's largest run cut into the three pieces its value and gradient are made
     of, each a jitted ``jax.value_and_grad`` called with no arguments (outputs synchronised by the caller):
 
-    * ``statistics``: the node statistics ``(eta, R, const)`` (:func:`msrm.gp.likelihood.node_information_arrays`);
-    * ``covariance``: the node covariances ``C_k = A K_k A^T`` (:func:`msrm.gp.likelihood.node_covariance_arrays`,
+    * ``statistics``: the node statistics ``(eta, R, const)`` (:func:`msrm.gp.likelihood.node_information`);
+    * ``covariance``: the node covariances ``C_k = A K_k A^T`` (:func:`msrm.gp.likelihood.node_covariance`,
       chunked window products where the layout allows);
     * ``woodbury``: :func:`msrm.gp.likelihood.woodbury_loglik` of the run's own ``(eta, R, C)``: symmetrising
       ``C``, building ``M = I + R C R^T``, the factorization and the Woodbury backward to ``(eta, R, C)``.
@@ -363,23 +363,21 @@ def grouped_parts(model, u, seed: int = 0) -> dict:
     runs = prepare(model.data, model.spec, grouped=True).runs
     index = max(range(len(runs)), key=lambda i: int(runs[i].layout.n_nodes))
     run = runs[index]
-    sig, arrays = lk._own_arrays(run)
-    dist = jnp.asarray(run.layout.dist)
     theta = transforms.constrain(jnp.asarray(u), model.blocks)[0]
-    _, eta, R, const = lk.node_information_arrays(theta, sig, arrays)
-    C = lk.node_covariance_arrays(theta, sig, dist, arrays)
+    _, eta, R, const = lk.node_information(theta, run)
+    C = lk.node_covariance(theta, run.layout)
     rng = np.random.default_rng(seed)
     g_eta, g_R, g_C = (jnp.asarray(rng.normal(size=x.shape)) for x in (eta, R, C))
 
     def statistics(th):
-        _, e, r, c = lk.node_information_arrays(th, sig, arrays)
+        _, e, r, c = lk.node_information(th, run)
         return jnp.sum(e * g_eta) + jnp.sum(r * g_R) + c
 
     def covariance(th):
-        return jnp.sum(lk.node_covariance_arrays(th, sig, dist, arrays) * g_C)
+        return jnp.sum(lk.node_covariance(th, run.layout) * g_C)
 
     def woodbury(e, r, c):
-        return lk.woodbury_loglik(e, r, c, const, sig.method)[0]
+        return lk.woodbury_loglik(e, r, c, const, run.layout.method)[0]
 
     stats_vg = jax.jit(jax.value_and_grad(statistics))
     cov_vg = jax.jit(jax.value_and_grad(covariance))
