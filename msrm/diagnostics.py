@@ -1,9 +1,11 @@
 """MCMC convergence diagnostics for many parameters at once (Numba-compiled kernels, NumPy, SciPy and, when
 installed, ducc0's FFTs; no JAX, no ArviZ).
 
-The numbers are ArviZ 0.23's definitions (``arviz.rhat``, ``arviz.ess``, ``arviz.mcse``; Vehtari et al. 2021,
-arXiv:1903.08008), computed for blocks of parameters instead of one parameter at a time through ArviZ.
-For draws ``x`` of one parameter, shape (C chains, D draws), with ``h = D // 2``:
+The numbers are the definitions of Vehtari et al. (2021, arXiv:1903.08008) as ArviZ 0.23 computes them
+(``arviz.rhat``, ``arviz.ess``, ``arviz.mcse``), computed for blocks of parameters instead of one parameter at a
+time through ArviZ. ArviZ 1.x computes the same numbers except the tail ESS, whose default quantiles differ (see
+``tail_prob`` below and in :func:`summarize`). For draws ``x`` of one parameter, shape (C chains, D draws), with
+``h = D // 2``:
 
 * split: ``x_s`` (2C, h) stacks the first ``h`` and the last ``h`` draws of every chain (the middle draw of an odd
   ``D`` is dropped);
@@ -14,11 +16,14 @@ For draws ``x`` of one parameter, shape (C chains, D draws), with ``h = D // 2``
   means; NaN with fewer than 2 chains or 4 draws (as ArviZ);
 * ``ess(y)`` (R rows, n draws): ``N / tau`` with ``tau = -1 + 2 sum_t rho_t`` over Geyer's initial monotone
   sequence of the autocorrelations ``rho_t = 1 - (W - mean_c acov_c(t)) / var_plus``;
-* ``ess_bulk = ess(z(x_s))``; ``ess_tail = min(ess(split(x <= q05)), ess(split(x <= q95)))`` with type-7
-  quantiles of all ``C D`` draws; ``mcse_mean = sd(x) / sqrt(ess(x_s))``;
+* ``ess_bulk = ess(z(x_s))``; ``ess_tail = min(ess(split(x <= q_p)), ess(split(x <= q_{1-p})))`` with
+  ``p = tail_prob`` (default 0.05: the 5% and 95% quantiles, as R ``posterior``'s ``ess_tail`` and ArviZ 0.23)
+  and ``q`` the type-7 quantiles of all ``C D`` draws; ``mcse_mean = sd(x) / sqrt(ess(x_s))``;
   ``mcse_sd = sqrt((mean(c^4) - mean(c^2)^2) / ess(split(c^2)) / mean(c^2) / 4)`` with ``c = x - mean(x)``;
-* a parameter with a non-finite draw gets NaN for every column but ``mean`` (ArviZ agrees for NaN; for an
-  infinite draw it still ranks the draws and reports R-hat and ESS, which this module does not).
+* a parameter with a non-finite draw gets NaN for every column but ``mean`` (NumPy's mean: NaN, or an infinity).
+  ArviZ agrees for a NaN draw; for an infinite one it still ranks the draws and reports finite quantiles, R-hat
+  and ESS, which this module does not: such a chain has no finite mean or variance, so the ESS and R-hat that
+  rest on them are undefined, and reporting the rank-based ones alone would make an infinite draw look benign.
 
 The numbers are exact (float64 throughout) and tested against ArviZ itself. They are computed by
 :mod:`msrm.diagnostics_kernels` in one compiled pass per parameter: a bucket sort of the split draws finished by
@@ -41,6 +46,7 @@ from __future__ import annotations
 import concurrent.futures as _futures
 import functools
 import importlib.util
+import numbers
 import threading as _threading
 from typing import Any, Iterable, Sequence
 
@@ -60,6 +66,7 @@ __all__ = ["summarize", "diagnose_draws", "divergence_counts", "compile_kernels"
 COLUMNS = ("mean", "sd", "q5", "q95", "mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat")
 
 _CHUNK = 64  # parameters per block at most: a (64, 4000) float64 block is 2 MiB, the L2 size class
+#: The probabilities of the q5 and q95 columns, which with the default ``tail_prob`` also set the tail ESS.
 _TAIL_PROBS = np.array([0.05, 0.95])
 
 
@@ -168,6 +175,18 @@ def _long_ess(rows: np.ndarray, cmv: np.ndarray, R: int, h: int, store: dict | N
 # --------------------------------------------------------------------------------------------- one block
 
 
+def _kernel_probs(tail_prob: float) -> np.ndarray:
+    """The block kernel's ``probs`` for ``tail_prob``, checked: :data:`_TAIL_PROBS` itself for the default 0.05
+    (the tail indicators use q5 and q95), else q5's and q95's probabilities followed by ``tail_prob`` and
+    ``1 - tail_prob``."""
+    if isinstance(tail_prob, bool) or not isinstance(tail_prob, numbers.Real) or not 0.0 < tail_prob < 0.5:
+        raise ValueError(f"tail_prob must be a number in (0, 0.5), got {tail_prob!r}")
+    p = float(tail_prob)
+    if p == _TAIL_PROBS[0]:
+        return _TAIL_PROBS
+    return np.array([_TAIL_PROBS[0], _TAIL_PROBS[1], p, 1.0 - p])
+
+
 def _min_like_python(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Python's ``min(a, b)`` elementwise (``b`` only if ``b < a``; so a NaN ``a`` wins, as in ArviZ)."""
     return np.where(b < a, b, a)
@@ -200,11 +219,14 @@ def _diagnose_short(x: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def _diagnose_block(x: np.ndarray, store: dict | None = None) -> dict[str, np.ndarray]:
+def _diagnose_block(
+    x: np.ndarray, store: dict | None = None, probs: np.ndarray = _TAIL_PROBS
+) -> dict[str, np.ndarray]:
     """All columns for a parameter-major float64 block ``x`` (P, C, D) -> dict column -> (P,).
 
     ``store``: a dict in which big buffers are kept for the next block of the same thread (see :func:`_scratch`),
-    or None. A parameter with a non-finite draw gets NumPy's mean and sd and NaN elsewhere.
+    or None; ``probs``: the kernel's quantile probabilities (:func:`_kernel_probs`). A parameter with a non-finite
+    draw gets NumPy's mean and sd and NaN elsewhere.
     """
     P, C, D = x.shape
     if D < 4:  # only mean and sd are defined: nothing to compile for
@@ -220,8 +242,8 @@ def _diagnose_block(x: np.ndarray, store: dict | None = None) -> dict[str, np.nd
     # the kernel or the transforms, so it stays as the buffer was made
     pending_rows = _scratch(store, "k_pending_rows", (P * K.N_VARS, C, _fft_len(h)), np.complex128, zeroed=True)
     pending_cmv = _scratch(store, "k_pending_cmv", (P * K.N_VARS,))
-    n_pending = K.diagnose_block(x, _z_table(R * h), _TAIL_PROBS, stats, ess, pending, pending_rows,
-                                 pending_cmv, finite)
+    n_pending = K.diagnose_block(x, _z_table(R * h), probs, stats, ess, pending, pending_rows, pending_cmv,
+                                 finite)
     if n_pending:  # long autocorrelations: every lag from FFTs
         # the kernel's (parameter, variable) order is the row-major order of the mask
         ess[pending != 0] = _long_ess(pending_rows[:n_pending], pending_cmv[:n_pending], R, h, store)
@@ -251,7 +273,7 @@ def _default_threads() -> int:
 
 
 def diagnose_draws(
-    draws: np.ndarray, *, block_size: int = 256, num_threads: int | None = None
+    draws: np.ndarray, *, block_size: int = 256, num_threads: int | None = None, tail_prob: float = 0.05
 ) -> dict[str, np.ndarray]:
     """Diagnostics of every parameter of ``draws`` (chains, draws, params) -> dict column -> (params,).
 
@@ -263,6 +285,10 @@ def diagnose_draws(
             per parameter, written only for those variables).
         num_threads: blocks diagnosed concurrently on a thread pool (the compiled kernels release the GIL);
             default :func:`msrm.runtime.blas_threads`.
+        tail_prob: ``ess_tail`` is the smaller ESS of the indicators ``x <= q`` at the ``tail_prob`` and the
+            ``1 - tail_prob`` quantiles; a number in (0, 0.5). The default 0.05 is R ``posterior``'s and ArviZ
+            0.23's convention; :func:`summarize` says how to match ArviZ 1.x. It changes no other column (q5 and
+            q95 stay the 5% and 95% quantiles).
 
     The numbers are ArviZ's (module docstring).
     """
@@ -275,6 +301,7 @@ def diagnose_draws(
         raise ValueError(f"draws must be numeric, got dtype {draws.dtype}")
     if block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    probs = _kernel_probs(tail_prob)
     C, D, P = draws.shape
     threads = _default_threads() if num_threads is None else int(num_threads)
     if threads < 1:
@@ -296,7 +323,7 @@ def diagnose_draws(
             gather(draws, p0, block)
         else:
             np.copyto(block, np.moveaxis(draws[:, :, p0:p1], 2, 0), casting="unsafe")
-        res = _diagnose_block(block, store=store)
+        res = _diagnose_block(block, store=store, probs=probs)
         for name in COLUMNS:
             out[name][p0:p1] = res[name]
 
@@ -388,6 +415,7 @@ def summarize(
     *,
     block_size: int = 256,
     num_threads: int | None = None,
+    tail_prob: float = 0.05,
 ) -> pd.DataFrame:
     """One row per scalar parameter: mean, sd, q5, q95, mcse_mean, mcse_sd, ess_bulk, ess_tail, r_hat.
 
@@ -396,19 +424,39 @@ def summarize(
             one array (chains, draws) / (chains, draws, params...).
         var_names: posterior variables to include (default: all).
         block_size, num_threads: see :func:`diagnose_draws`.
+        tail_prob: the tail ESS's quantiles are the ``tail_prob`` and the ``1 - tail_prob`` ones; a number in
+            (0, 0.5), else ``ValueError``. It changes the ``ess_tail`` column only.
 
     Returns:
-        DataFrame indexed by parameter label (``name[coord, ...]`` as ArviZ labels rows). The numbers equal
-        ``arviz.rhat``, ``arviz.ess(method="bulk"|"tail")`` and ``arviz.mcse(method="mean"|"sd")``; q5/q95 are
-        type-7 quantiles over all draws. When ``sample_stats.diverging`` exists, ``df.attrs["divergences"]``
-        holds :func:`divergence_counts`.
+        DataFrame indexed by parameter label (``name[coord, ...]`` as ArviZ labels rows). Its columns follow these
+        conventions:
+
+        * ``mean``, ``sd`` (ddof 1): over all draws; ``q5``, ``q95``: type-7 quantiles over all draws (NumPy's
+          default ``np.quantile``), whatever ``tail_prob``;
+        * ``r_hat``, ``ess_bulk``, ``mcse_mean``, ``mcse_sd``: Vehtari et al. (2021), equal to ArviZ 0.23's and
+          ArviZ 1.x's ``rhat``, ``ess(method="bulk")`` and ``mcse(method="mean"|"sd")``;
+        * ``ess_tail``: the smaller ESS of the indicators ``x <= q`` at the ``tail_prob`` and the
+          ``1 - tail_prob`` quantiles. The default ``tail_prob=0.05`` (the 5% and 95% quantiles) is R
+          ``posterior``'s ``ess_tail``, ArviZ 0.23's ``ess(method="tail")`` and ArviZ 1.x's
+          ``ess(method="tail", prob=(0.05, 0.95))``. ArviZ 1.x's default ``ess(method="tail")`` differs, on the
+          same draws often by tens of percent: without ``prob`` it takes ``prob = rcParams["stats.ci_prob"]``
+          (0.89) and the quantiles ``1 - prob`` and ``prob``, i.e. 11% and 89%, which ``tail_prob=1 - 0.89``
+          reproduces (as it does the ``ess_tail`` column of ArviZ 1.x's ``summary``). ``tail_prob=(1 - 0.89) / 2``
+          gives the ESS at the bounds of the 89% equal-tailed interval instead (ArviZ 1.x's
+          ``prob=(0.055, 0.945)``), which is not ArviZ's default.
+
+        A parameter with a NaN or infinite draw gets NaN in every column but ``mean`` (NumPy's mean: NaN, or the
+        infinity). ArviZ agrees for NaN, but for an infinite draw it reports finite quantiles, R-hat and ESS
+        from the ranks; here they are NaN, because a chain with an infinite draw has no finite mean or variance.
+        When ``sample_stats.diverging`` exists, ``df.attrs["divergences"]`` holds :func:`divergence_counts`.
     """
+    _kernel_probs(tail_prob)  # checked before any work (and when there is no variable to diagnose)
     if var_names is not None:
         var_names = [var_names] if isinstance(var_names, str) else list(var_names)
     blocks = _posterior_blocks(data, var_names)
     frames = []
     for _name, arr, labels in blocks:
-        cols = diagnose_draws(arr, block_size=block_size, num_threads=num_threads)
+        cols = diagnose_draws(arr, block_size=block_size, num_threads=num_threads, tail_prob=tail_prob)
         frames.append(pd.DataFrame({c: cols[c] for c in COLUMNS}, index=pd.Index(labels)))
     df = pd.concat(frames) if frames else pd.DataFrame(columns=list(COLUMNS))
     div = divergence_counts(data)

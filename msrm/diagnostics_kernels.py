@@ -4,12 +4,13 @@ block.
 Everything a parameter needs except the rare long autocovariances is computed in one compiled loop over the
 parameters of a block: the exact order of its split draws (a bucket sort finished by exact comparisons), the
 normal scores of the draws and of the folded draws (a linear merge of the two sorted halves around the median),
-the type-7 quantiles, the R-hat moments, the five ESS variables centred per split chain, and Geyer's initial
-monotone sequence on autocovariances computed lag by lag (direct sums) for as long as the sequence runs. A
-variable whose sequence runs past :data:`MAX_DIRECT_LAG` lags, or is foreseen to from its first lags, is
-handed back with its centred rows for the FFT path of :mod:`msrm.diagnostics` (:func:`pair_power` and
-:func:`geyer_rows` finish it), so every result is exact whatever the autocorrelation. A tail indicator whose rows
-hold few runs of ones gets every lag sum exactly from its runs, before any direct sum (:func:`_indicator_lag_sums`).
+the type-7 quantiles (q05, q95 and, when they differ, the tail indicators' own), the R-hat moments, the five ESS
+variables centred per split chain, and Geyer's initial monotone sequence on autocovariances computed lag by lag
+(direct sums) for as long as the sequence runs. A variable whose sequence runs past :data:`MAX_DIRECT_LAG` lags,
+or is foreseen to from its first lags, is handed back with its centred rows for the FFT path of
+:mod:`msrm.diagnostics` (:func:`pair_power` and :func:`geyer_rows` finish it), so every result is exact whatever
+the autocorrelation. A tail indicator whose rows hold few runs of ones gets every lag sum exactly from its runs,
+before any direct sum (:func:`_indicator_lag_sums`).
 
 It needs Numba (the ``bayes`` extra); :mod:`msrm.diagnostics` imports it on its first call. The kernels release
 the GIL, so blocks run concurrently on a thread pool.
@@ -38,7 +39,7 @@ _RESOLUTION = np.finfo(np.float64).resolution
 # indices of the per-parameter results (rows of ``stats``)
 MEAN, VAR, Q05, Q95, RHAT, EVAR, M4 = range(7)
 N_STATS = 7
-N_VARS = 5  # ESS variables: bulk scores, x <= q05, x <= q95, split draws, split squared deviations
+N_VARS = 5  # ESS variables: bulk scores, the lower and upper tail indicators, split draws, split squared deviations
 
 _opts = dict(nogil=True, cache=True, error_model="numpy")  # x / 0 gives inf or NaN, as in NumPy
 #: Sums may be reassociated (vectorised): only the order of float additions changes, by a few ulps; no other
@@ -511,12 +512,14 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
     Args:
         x: (P, C, D) float64 draws.
         table: normal scores of the ranks 1, 1.5, ..., N (N = 2 C (D // 2)), index ``2 r - 2`` for rank r.
-        probs: (2,) tail probabilities.
+        probs: (2,) the probabilities of the quantiles q05 and q95 (``stats``), which then also set the tail
+            indicators ``x <= q05`` and ``x <= q95``; or (4,) those two followed by the lower and the upper
+            probability of the tail indicators' own quantiles.
     Outputs (written):
         stats: (P, N_STATS) mean, variance (ddof 1), q05, q95, R-hat (NaN for one chain), mean of the squared
             deviations and of their squares.
-        ess: (P, N_VARS) ESS of the bulk scores, the two tail indicators, the split draws and the split squared
-            deviations; NaN where ``pending``.
+        ess: (P, N_VARS) ESS of the bulk scores, the two tail indicators (``x <=`` the lower, the upper tail
+            quantile), the split draws and the split squared deviations; NaN where ``pending``.
         pending: (P, N_VARS) int8: 0, or the variable's Geyer sequence needs lags past :data:`MAX_DIRECT_LAG`
             (1: found by summing them, 2: foreseen from the first lags, :func:`_long_ahead`).
         pending_rows: (P N_VARS, C, m) complex, m >= 2 h - 1, zero in entries h..m-1 of every row (which are never
@@ -550,7 +553,9 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
     slope = np.empty(2 * h + 1)
     run_starts = np.empty(h, np.int64)
     run_ends = np.empty(h, np.int64)
-    qs = np.empty(2)
+    nq = probs.size
+    qs = np.empty(nq)
+    lo = nq - 2  # qs[lo], qs[lo + 1]: the tail indicators' quantiles (q05 and q95 themselves when nq == 2)
     const = np.empty(N_VARS, np.bool_)
     n_pending = 0
     for p in range(P):
@@ -579,7 +584,7 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
                     k += 1
             srt = np.sort(full)
         nf = srt.size
-        for j in range(2):
+        for j in range(nq):
             pr = probs[j]
             aleph = nf * pr + (1.0 - pr)
             kk = int(np.floor(min(max(aleph, 1.0), nf - 1.0)))
@@ -592,8 +597,8 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
         c2hi = -np.inf
         for i in range(N):
             vi = v[i]
-            rows[1, i] = 1.0 if vi <= qs[0] else 0.0
-            rows[2, i] = 1.0 if vi <= qs[1] else 0.0
+            rows[1, i] = 1.0 if vi <= qs[lo] else 0.0
+            rows[2, i] = 1.0 if vi <= qs[lo + 1] else 0.0
             rows[3, i] = vi
             dv = vi - mean
             d2 = dv * dv

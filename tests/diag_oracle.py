@@ -391,11 +391,14 @@ def _type7_quantiles(s_full: np.ndarray, probs: np.ndarray) -> np.ndarray:
     return (1.0 - gamma) * s_full[:, k - 1] + gamma * s_full[:, k]
 
 
-def _diagnose_block(x: np.ndarray, workers: int = 1, store: dict | None = None) -> dict[str, np.ndarray]:
+def _diagnose_block(
+    x: np.ndarray, workers: int = 1, store: dict | None = None, tail_prob: float = 0.05
+) -> dict[str, np.ndarray]:
     """All columns for a parameter-major block ``x`` (P, C, D).
 
     ``workers``: threads inside the FFTs; ``store``: a dict in which big buffers are kept for the next block
-    of the same thread (see :func:`_scratch`), or None.
+    of the same thread (see :func:`_scratch`), or None; ``tail_prob``: the tail indicators are ``x <=`` the
+    ``tail_prob`` and the ``1 - tail_prob`` quantiles (q5 and q95 stay the 5% and 95% quantiles).
     """
     P, C, D = x.shape
     out = {name: np.full(P, np.nan) for name in COLUMNS}
@@ -428,12 +431,12 @@ def _diagnose_block(x: np.ndarray, workers: int = 1, store: dict | None = None) 
     # folded ranks (R-hat only)
     z_fold = fold_scores(flat, order, s, table, store).reshape(Pf, R, h)
 
-    # tail quantiles over all C D draws (the split drops the middle draw when D is odd)
+    # q5, q95 and the tail indicators' quantiles over all C D draws (the split drops the middle draw when D is odd)
     s_full = s if D % 2 == 0 else np.sort(x.reshape(Pf, C * D), axis=1)
-    q = _type7_quantiles(s_full, _TAIL_PROBS)
+    q = _type7_quantiles(s_full, np.concatenate([_TAIL_PROBS, [tail_prob, 1.0 - tail_prob]]))
 
     # the five ESS variables, centred per split chain straight into one zero-padded FFT buffer:
-    # 0 bulk normal scores, 1-2 tail indicators x <= q05 / x <= q95, 3 split draws, 4 split squared deviations
+    # 0 bulk normal scores, 1-2 tail indicators x <= q_lo / x <= q_hi, 3 split draws, 4 split squared deviations
     mean = x.mean(axis=(1, 2))
     c2 = np.subtract(x, mean[:, None, None], out=_scratch(store, "sq_dev", x.shape))
     np.square(c2, out=c2)
@@ -443,8 +446,8 @@ def _diagnose_block(x: np.ndarray, workers: int = 1, store: dict | None = None) 
     buf[..., h:] = 0.0
     cmean = np.empty((Pf, 5, R))
     const = np.empty((Pf, 5), bool)
-    np.less_equal(xs, q[:, 0, None, None], out=buf[:, 1, :, :h], casting="unsafe")  # 0/1 indicator rows
-    np.less_equal(xs, q[:, 1, None, None], out=buf[:, 2, :, :h], casting="unsafe")
+    np.less_equal(xs, q[:, 2, None, None], out=buf[:, 1, :, :h], casting="unsafe")  # 0/1 indicator rows
+    np.less_equal(xs, q[:, 3, None, None], out=buf[:, 2, :, :h], casting="unsafe")
     cmean[:, 1:3] = buf[:, 1:3, :, :h].mean(axis=3)
     buf[:, 1:3, :, :h] -= cmean[:, 1:3, :, None]
     cmean[:, 0] = z_bulk.mean(axis=2)
@@ -499,11 +502,14 @@ def _fill_columns(out, rows, var, q05, q95, r_hat, evar, m4, ess) -> None:
         out["r_hat"][rows] = r_hat
 
 
-def diagnose_draws(draws: np.ndarray, *, block_size: int = 256, num_threads: int = 1) -> dict[str, np.ndarray]:
+def diagnose_draws(
+    draws: np.ndarray, *, block_size: int = 256, num_threads: int = 1, tail_prob: float = 0.05
+) -> dict[str, np.ndarray]:
     """Diagnostics of every parameter of ``draws`` (C, D, P), or a (C, D) array -> dict column -> (P,).
 
     Blocks of at most ``min(block_size, 64)`` parameters run on ``num_threads`` threads; with fewer blocks than
-    threads the spare threads go to the FFTs.
+    threads the spare threads go to the FFTs. ``tail_prob``: the tail ESS's quantiles are the ``tail_prob`` and
+    ``1 - tail_prob`` ones (0.05: q5 and q95).
     """
     draws = np.asarray(draws)
     if draws.ndim == 2:
@@ -521,7 +527,7 @@ def diagnose_draws(draws: np.ndarray, *, block_size: int = 256, num_threads: int
         store = stores.setdefault(_threading.get_ident(), {})
         block = _scratch(store, "block", (p1 - p0, C, D))
         np.copyto(block, np.moveaxis(draws[:, :, p0:p1], 2, 0), casting="unsafe")
-        res = _diagnose_block(block, workers=fft_workers, store=store)
+        res = _diagnose_block(block, workers=fft_workers, store=store, tail_prob=tail_prob)
         for name in COLUMNS:
             out[name][p0:p1] = res[name]
 

@@ -495,3 +495,113 @@ def test_long_ess_transforms_without_ducc0_equal_those_with_it(monkeypatch):
     for name in diag.COLUMNS:
         np.testing.assert_allclose(with_ducc[name], without[name], rtol=1e-12, err_msg=name)
     _assert_same(with_ducc, _arviz_columns(x))
+
+
+# ------------------------------------------------------------------ the tail ESS's quantiles (tail_prob)
+
+#: the installed ArviZ's default tail ESS as a ``tail_prob``: ArviZ 1.x takes ``prob = rcParams["stats.ci_prob"]``
+#: and the quantiles ``1 - prob``, ``prob``; ArviZ 0.23 the 5% and 95% quantiles
+ARVIZ_DEFAULT_TAIL_PROB = 1 - az.rcParams["stats.ci_prob"] if ARVIZ_1 else 0.05
+
+# (chains, draws, params, AR(1) coefficient): iid, odd draw counts, one chain, many short chains, and slowly mixing
+# chains whose tail indicators take the FFT path
+TAIL_CASES = [
+    (4, 1000, 6, 0.0),
+    (2, 301, 5, 0.5),
+    (1, 400, 4, 0.3),
+    (8, 60, 5, -0.4),
+    (4, 2000, 4, 0.99),
+]
+
+
+def _tail_draws(C, D, P, phi):
+    rng = np.random.default_rng([C, D, P, int(1000 * phi) % 1000, 71])
+    return _ar1(rng, C, D, P, phi)
+
+
+def _arviz_ess_tail(x, **kwargs):
+    """ArviZ's ``ess(method="tail", **kwargs)`` of every parameter of ``x`` (C, D, P), through a posterior group,
+    where ArviZ 1.x applies its default ``prob`` when none is given (its bare-array interface requires one)."""
+    posterior = {"x": x}
+    idata = az.from_dict({"posterior": posterior}) if ARVIZ_1 else az.from_dict(posterior=posterior)
+    with warnings.catch_warnings(), _arviz_without_numba():
+        warnings.simplefilter("ignore")
+        return np.asarray(az.ess(idata, method="tail", **kwargs)["x"], dtype=float).reshape(-1)
+
+
+def _tail_kwargs(p):
+    """ArviZ's ``prob`` for the quantiles ``p`` and ``1 - p`` (ArviZ 0.23 and 1.x both take the pair)."""
+    return {"prob": (p, 1 - p)}
+
+
+@pytest.mark.parametrize("C,D,P,phi", TAIL_CASES)
+def test_ess_tail_default_is_the_five_and_ninety_five_percent_convention(C, D, P, phi):
+    x = _tail_draws(C, D, P, phi)
+    want = _arviz_ess_tail(x, **_tail_kwargs(0.05))
+    np.testing.assert_allclose(diag.summarize(x)["ess_tail"].to_numpy(), want, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(diag.summarize(x, tail_prob=0.05)["ess_tail"].to_numpy(), want, rtol=1e-10, atol=0)
+    if not ARVIZ_1:  # ArviZ 0.23's default is this convention
+        np.testing.assert_allclose(_arviz_ess_tail(x), want, rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("C,D,P,phi", TAIL_CASES)
+def test_ess_tail_with_other_quantiles_equals_arviz(C, D, P, phi):
+    """``tail_prob=(1 - 0.89) / 2`` (the bounds of an 89% equal-tailed interval) against ArviZ given those
+    quantiles, and the installed ArviZ's default ``ess(method="tail")``; no other column moves."""
+    x = _tail_draws(C, D, P, phi)
+    base = diag.diagnose_draws(x)
+    p = (1 - 0.89) / 2
+    eti = diag.diagnose_draws(x, tail_prob=p, block_size=3, num_threads=2)
+    np.testing.assert_allclose(eti["ess_tail"], _arviz_ess_tail(x, **_tail_kwargs(p)), rtol=1e-10, atol=0)
+    np.testing.assert_allclose(eti["ess_tail"], oracle.diagnose_draws(x, tail_prob=p)["ess_tail"], rtol=1e-10)
+    for name in diag.COLUMNS:  # the long-ESS transforms are batched with the tail indicators: rounding only
+        if name != "ess_tail":
+            np.testing.assert_allclose(eti[name], base[name], rtol=1e-13, atol=0, err_msg=name)
+
+    ours = diag.summarize(x, tail_prob=ARVIZ_DEFAULT_TAIL_PROB)["ess_tail"].to_numpy()
+    np.testing.assert_allclose(ours, _arviz_ess_tail(x), rtol=1e-10, atol=0)
+
+
+def test_arviz_1_default_tail_ess_differs_and_its_summary_agrees():
+    """ArviZ 1.x's default tail ESS (11% and 89% quantiles) differs from the 5%/95% one on the same draws; its
+    ``summary`` column equals ``tail_prob=1 - ci_prob`` too."""
+    if not ARVIZ_1:
+        pytest.skip("ArviZ 0.23's default tail ESS is the 5%/95% one")
+    x = np.concatenate([_tail_draws(*case) for case in TAIL_CASES if case[:2] == (4, 1000)], axis=2)
+    ours = diag.summarize(x, tail_prob=ARVIZ_DEFAULT_TAIL_PROB)
+    default = diag.summarize(x)
+    assert np.max(np.abs(ours["ess_tail"] / default["ess_tail"] - 1)) > 0.05
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = az.summary(az.from_dict({"posterior": {"x": x}}), round_to="none")
+    assert list(ref.index) == list(ours.index)
+    np.testing.assert_allclose(ours["ess_tail"].to_numpy(), ref["ess_tail"].to_numpy(dtype=float), rtol=1e-10)
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, 0.5, 0.7, -0.05, 1.0, float("nan"), float("inf"), True, "0.05", None])
+def test_tail_prob_out_of_range_is_refused(bad):
+    x = np.random.default_rng(2).standard_normal((2, 20, 2))
+    with pytest.raises(ValueError, match="tail_prob"):
+        diag.summarize(x, tail_prob=bad)
+    with pytest.raises(ValueError, match="tail_prob"):
+        diag.diagnose_draws(x, tail_prob=bad)
+    with pytest.raises(ValueError, match="tail_prob"):
+        diag.summarize({}, tail_prob=bad)  # checked even with nothing to diagnose
+
+
+@pytest.mark.parametrize("tail_prob", [0.05, 0.11])
+def test_infinite_draws_give_nan_diagnostics(tail_prob):
+    """The documented choice: a parameter with an infinite draw keeps NumPy's mean (the infinity, or NaN when
+    both signs occur) and gets NaN in every other column; the other parameters are unaffected."""
+    rng = np.random.default_rng(13)
+    x = _ar1(rng, 4, 200, 5, 0.5)
+    clean = diag.summarize(x[:, :, [0, 4]], tail_prob=tail_prob)
+    x[1, 17, 1] = np.inf
+    x[3, 0, 2] = -np.inf
+    x[0, 5, 3] = np.inf
+    x[2, 99, 3] = -np.inf
+    df = diag.summarize(x, tail_prob=tail_prob, block_size=2, num_threads=2)
+    assert df["mean"].iloc[1] == np.inf and df["mean"].iloc[2] == -np.inf and np.isnan(df["mean"].iloc[3])
+    others = [c for c in diag.COLUMNS if c != "mean"]
+    assert df.iloc[1:4][others].isna().all().all()
+    np.testing.assert_array_equal(df.iloc[[0, 4]].to_numpy(), clean.to_numpy())
