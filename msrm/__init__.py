@@ -17,7 +17,7 @@ from .operators import response_weights, response_weights_csr
 from .params import Params
 from .responses import GaussianLag, GaussianWidthLag, Identity
 from .spec import ModelSpec, latent_grid
-from .validation import CVResult, cross_validate
+from .validation import CVResult, NotConvergedError, cross_validate
 
 __version__ = "0.1.0"
 
@@ -25,7 +25,7 @@ __all__ = [
     "Stream", "Run", "Dataset", "ModelSpec", "Identity", "GaussianLag", "GaussianWidthLag", "latent_grid",
     "Params", "GPMSRM", "fit_rmsrm", "load_rfit", "RFit", "diagnostics", "runtime", "parallel",
     "response_weights", "response_weights_csr", "prepare_nodes", "response_groups", "count_nodes", "kernels",
-    "responses", "LatentPosterior", "Prediction", "HRF", "align", "Alignment", "cross_validate", "CVResult", "plot",
+    "responses", "LatentPosterior", "Prediction", "HRF", "align", "Alignment", "cross_validate", "CVResult", "NotConvergedError", "plot",
 ]
 
 # Resolved on first access so that `import msrm` never imports JAX (R-MSRM is NumPy/SciPy only).

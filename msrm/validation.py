@@ -1,8 +1,9 @@
-r"""Cross-validation of R-MSRM and GP-MSRM (MAP): held-out log predictive density and R^2 per fold and stream.
+r"""Cross-validation of R-MSRM and GP-MSRM (MAP): held-out scores per fold, stream and modality.
 
 Each fold sets a set of observed values to NaN, fits the model to what is left, predicts the held-out values
 (every model predicts missing samples: ``RFit.predict``, ``GPMSRM.predict``) and scores them. Nothing held out
-enters the fit, so the scores measure prediction of unseen data.
+enters the fit, nor any score's reference point (the in-fold moments below), so the scores measure prediction of
+unseen data.
 
 **Blocks.** Every run of duration T is cut into ``folds`` equal consecutive time windows
 ``[f T / folds, (f + 1) T / folds)`` (the last one closed); a sample belongs to the window holding its time.
@@ -22,6 +23,10 @@ Fold f uses window f of every run.
   which are never held out and have no rows in the table). Masking a feature at all times would leave no data
   to learn its loading from, so no prediction of it would be possible.
 
+**In-fold moments.** For fold f, stream s and feature j, the in-fold mean ``mu_j`` and sd ``s_j`` are the mean
+and the (maximum-likelihood, divisor n) sd of the feature's observed values that fold f does NOT hold out,
+pooled over runs: what a fit of that fold could know about the feature's level and spread.
+
 **Scores** of fold f and stream s, over the held-out values y (pooled over runs), with the predictive mean m and
 sd v of each value:
 
@@ -29,8 +34,35 @@ sd v of each value:
   posterior predictive mean and sd at the MAP parameters (latent uncertainty and noise). R-MSRM is a point
   estimate: v is its fitted noise sd, which ignores the uncertainty of the fitted latents and loadings, so its
   lpd is optimistic about v (compare R-MSRM lpd values with each other, e.g. across K, rather than with GP-MSRM).
-- ``r2 = 1 - SSE / SST``, SSE the squared prediction errors and SST the squared deviations of the held-out
-  values from their own per-feature mean (a feature's intercept is not credited as prediction).
+- ``lpd_naive = sum log N(y; mu_j, s_j^2)``, the same sum for the naive predictive that knows only each feature's
+  in-fold level and spread (NaN where a feature's in-fold values are all equal). ``lpd - lpd_naive`` is what the
+  model's predictions are worth over it, in nats; ``*_per_value`` divide by the number of held-out values.
+- ``r2 = 1 - SSE / SST``, SSE the squared prediction errors ``sum (y - m)^2`` and SST the squared deviations
+  ``sum (y - mu_j)^2`` of the held-out values from their feature's **in-fold** mean. The in-fold mean is the
+  naive predictor's mean, so R^2 > 0 means that the model predicts the held-out values better than that
+  predictor; a feature's intercept alone scores about 0, never credited as prediction. (Centring on the held-out
+  values' own mean instead would use information no fit had: a short window's mean differs from the feature's
+  level, so the true intercept would score below 0 and even the noise-free true signal far below its explained
+  fraction.)
+- ``coverage_50``, ``coverage_90``: the fractions of held-out values inside the central 50% and 90% predictive
+  intervals ``m +- z v`` (z the 0.75 and 0.95 standard normal quantiles). A calibrated predictive covers about
+  0.5 and 0.9.
+- PIT (probability integral transform) of each held-out value, ``Phi((y - m) / v)``: uniform on [0, 1] under a
+  calibrated Gaussian predictive (a U-shaped histogram: v too small; a hump: v too large; a slope: m biased).
+  Kept per value in ``CVResult.pit``.
+
+**Modalities.** A modality's values have their own units and noise (brain features, ratings, physiology), so
+scores are pooled over streams and folds only within a modality (``CVResult.by_modality``): ``r2`` there is
+``1 - sum SSE / sum SST`` and the coverages are fractions of all the modality's held-out values.
+``CVResult.r2``, ``.lpd`` and ``.lpd_naive`` give the number of the one modality held out and refuse when several
+were (a single number would mix units).
+
+**Convergence.** Each fold's fit reports whether it converged (R-MSRM: the relative change of its objective fell
+below ``tol`` within ``max_iter`` iterations in every phase; GP-MAP: the optimiser reported success with a finite
+gradient). The scores of a fit stopped by its iteration limit describe that limit rather than the model, so by
+default (``require_converged=True``) such a fold is refused with :class:`NotConvergedError`; with
+``require_converged=False`` it is scored and its rows say ``converged=False``. The R-MSRM fit that starts
+GP-MAP (``init="rmsrm"``) is only a start and is not checked.
 """
 from __future__ import annotations
 
@@ -42,51 +74,86 @@ import numpy as np
 from .data import Dataset, Run, Stream
 from .spec import ModelSpec
 
-__all__ = ["cross_validate", "CVResult", "fold_masks", "METHODS", "MASKS"]
+__all__ = ["cross_validate", "CVResult", "NotConvergedError", "fold_masks", "METHODS", "MASKS", "FOLD_COLUMNS"]
 
 METHODS = ("rmsrm", "map")
 MASKS = ("time_blocks", "features")
 # every window must hold this many samples of each stream it holds out (R^2 needs a spread of held-out values)
 MIN_BLOCK_SAMPLES = 2
+# central predictive intervals whose coverage is scored (columns coverage_50, coverage_90)
+COVERAGE_LEVELS = (0.5, 0.9)
+FOLD_COLUMNS = ("fold", "stream", "modality", "n_heldout", "converged", "lpd", "lpd_per_value", "lpd_naive",
+                "lpd_naive_per_value", "sse", "sst", "r2", "coverage_50", "coverage_90")
+PIT_COLUMNS = ("fold", "run", "stream", "modality", "feature", "pit")
+
+
+class NotConvergedError(RuntimeError):
+    """A fold's fit stopped without converging and ``require_converged`` was True (module docstring)."""
 
 
 @dataclass(frozen=True, eq=False)
 class CVResult:
-    """The result of :func:`cross_validate`.
+    """The result of :func:`cross_validate` (scores: module docstring).
 
     Fields:
-        folds: pandas DataFrame, one row per (fold, stream): ``fold``, ``stream``, ``modality``, ``n_heldout``,
-            ``lpd`` (summed), ``lpd_per_value``, ``sse``, ``sst``, ``r2``.
-        summary: pandas DataFrame indexed by stream: ``modality``, ``n_heldout``, ``lpd``, ``lpd_per_value``,
-            ``r2`` (pooled: 1 - sum SSE / sum SST over folds), ``r2_fold_mean``.
-        method, mask, n_folds, n_factors, seed: the settings.
+        folds: pandas DataFrame, one row per (fold, stream): the columns :data:`FOLD_COLUMNS` (``fold``,
+            ``stream``, ``modality``, ``n_heldout``, ``converged`` (that fold's fit), ``lpd`` (summed),
+            ``lpd_per_value``, ``lpd_naive``, ``lpd_naive_per_value``, ``sse``, ``sst`` (about the in-fold mean),
+            ``r2``, ``coverage_50``, ``coverage_90``).
+        summary: pandas DataFrame indexed by stream, pooled over folds: ``modality``, ``n_heldout``, ``lpd``,
+            ``lpd_per_value``, ``lpd_naive``, ``lpd_naive_per_value``, ``sse``, ``sst``, ``r2`` (1 - sum SSE / sum
+            SST), ``r2_fold_mean``, ``coverage_50``, ``coverage_90``, ``converged`` (every fold's fit).
+        by_modality: pandas DataFrame indexed by modality, pooled over its streams and the folds: ``n_streams``
+            and the columns of ``summary`` but ``modality`` and ``r2_fold_mean``.
+        pit: pandas DataFrame, one row per held-out value: ``fold``, ``run``, ``stream``, ``modality``,
+            ``feature`` (column of the stream), ``pit`` (``Phi((y - m) / v)``).
+        converged: (n_folds,) bool, whether each fold's fit converged.
+        method, mask, n_folds, n_factors, seed, require_converged: the settings.
         fit_seconds: (n_folds,) wall seconds of each fold's fit and prediction.
         execution_info: ``msrm.runtime.execution_info()``.
     """
 
     folds: object
     summary: object
+    by_modality: object
+    pit: object
+    converged: np.ndarray
     method: str
     mask: str
     n_folds: int
     n_factors: int
     seed: int
+    require_converged: bool
     fit_seconds: np.ndarray
     execution_info: dict = field(default_factory=dict)
 
+    def _single(self, column: str) -> float:
+        mods = list(self.by_modality.index)
+        if len(mods) != 1:
+            raise ValueError(f"CVResult.{column}: held-out values of {len(mods)} modalities ({', '.join(mods)}); "
+                             f"one number would mix their units: read CVResult.by_modality[{column!r}]")
+        return float(self.by_modality[column].iloc[0])
+
     @property
     def lpd(self) -> float:
-        """Held-out log predictive density summed over every fold and stream."""
-        return float(self.folds["lpd"].sum())
+        """Held-out log predictive density summed over every fold and stream of the one modality held out."""
+        return self._single("lpd")
+
+    @property
+    def lpd_naive(self) -> float:
+        """The naive baseline's held-out log density (module docstring) of the one modality held out."""
+        return self._single("lpd_naive")
 
     @property
     def r2(self) -> float:
-        """R^2 pooled over every fold and stream (1 - total SSE / total SST)."""
-        return float(1.0 - self.folds["sse"].sum() / self.folds["sst"].sum())
+        """R^2 of the one modality held out, pooled over its folds and streams (1 - total SSE / total SST)."""
+        return self._single("r2")
 
     def __repr__(self) -> str:
+        scores = ", ".join(f"{m}: r2={row.r2:.4f}, lpd/value={row.lpd_per_value:.4g} "
+                           f"(naive {row.lpd_naive_per_value:.4g})" for m, row in self.by_modality.iterrows())
         return (f"CVResult(method={self.method!r}, mask={self.mask!r}, folds={self.n_folds}, K={self.n_factors}, "
-                f"lpd={self.lpd:.6g}, r2={self.r2:.4f})")
+                f"converged={int(np.sum(self.converged))}/{self.n_folds}, {scores})")
 
 
 def _check(data, spec, method, folds, mask, seed) -> None:
@@ -192,59 +259,153 @@ def _inside(theta: dict, response) -> dict:
 
 
 def _fit_predict(masked: Dataset, spec: ModelSpec, method: str, seed: int, model_kwargs: dict, init,
-                 fit_kwargs: dict) -> list[dict]:
-    """Fit one fold's masked data; return its predictions (per run, stream key -> Prediction)."""
-    from .rmsrm import fit_rmsrm
+                 fit_kwargs: dict) -> tuple[list[dict], bool, str]:
+    """Fit one fold's masked data. Returns its predictions (per run, stream key -> Prediction), whether the fit
+    converged, and a sentence on how it stopped (for the refusal)."""
+    from . import rmsrm
 
     if method == "rmsrm":
-        fit = fit_rmsrm(masked, spec, **{"progress": False, "seed": seed, **fit_kwargs})
-        return fit.predict(masked)
+        fit = rmsrm.fit_rmsrm(masked, spec, **{"progress": False, "seed": seed, **fit_kwargs})
+        how = (f"{fit.n_iter} iterations, max_iter={fit.settings.get('max_iter')} per phase, "
+               f"tol={fit.settings.get('tol')}")
+        return fit.predict(masked), bool(fit.converged), how
     from .gp.model import GPMSRM
 
     model = GPMSRM(masked, spec, **model_kwargs)
     start = None
     if init == "rmsrm":
-        rf = fit_rmsrm(masked, spec, restarts=1, max_iter=50, n_jobs=1, progress=False, seed=seed)
+        rf = rmsrm.fit_rmsrm(masked, spec, restarts=1, max_iter=50, n_jobs=1, progress=False, seed=seed)
         p = rf.params
         response = {k: _inside(v, spec.response(k.split("/")[-1])) for k, v in p.response.items()}
         start = p.replace(response=response)
     elif init is not None:
         start = init
     result = model.fit_map(**{"init": start, "seed": seed, "progress": False, **fit_kwargs})
-    return model.predict(result.params)
+    d = result.diagnostics or {}
+    how = f"{d.get('iterations')} iterations, maxiter={d.get('maxiter')}: {d.get('message')}"
+    return model.predict(result.params), bool(result.converged), how
 
 
-def _scores(data: Dataset, held: list[dict], preds: list[dict], fold: int) -> list[dict]:
-    """One row per held-out stream of a fold: lpd, SSE and SST pooled over runs."""
+def _in_fold_moments(data: Dataset, held: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per held-out stream key: the (F,) in-fold mean and maximum-likelihood sd of each feature, over the observed
+    values the fold does not hold out, pooled over every run that has the stream (module docstring)."""
+    keys = {key for h in held for key in h}
+    pairs = []  # (stream key, values, in-fold mask) per run that has the stream
+    for run, h in zip(data.runs, held):
+        for s in run.streams:
+            if s.key in keys:
+                m = h.get(s.key)
+                pairs.append((s.key, s.values, ~np.isnan(s.values) & (True if m is None else ~m)))
+    total: dict[str, np.ndarray] = {}
+    count: dict[str, np.ndarray] = {}
+    for key, y, keep in pairs:
+        total[key] = total.get(key, 0.0) + np.where(keep, y, 0.0).sum(axis=0)
+        count[key] = count.get(key, 0) + keep.sum(axis=0)
+    mean = {key: total[key] / count[key] for key in total}  # fold_masks leaves every feature an in-fold value
+    ss: dict[str, np.ndarray] = {}
+    for key, y, keep in pairs:
+        ss[key] = ss.get(key, 0.0) + (np.where(keep, y - mean[key], 0.0) ** 2).sum(axis=0)
+    return {key: (mean[key], np.sqrt(ss[key] / count[key])) for key in total}
+
+
+def _scores(data: Dataset, held: list[dict], preds: list[dict], fold: int,
+            converged: bool = True) -> tuple[list[dict], list[dict]]:
+    """Score one fold's predictions of its held-out values (module docstring).
+
+    Args:
+        data: the full Dataset (the held-out values are read from it).
+        held: per run, stream key -> (n_samples, n_features) bool, True where held out (one fold of
+            :func:`fold_masks`).
+        preds: per run, stream key -> object with ``mean`` and ``sd`` (n_samples, n_features) (a ``Prediction``).
+        fold: the fold index written in the rows.
+        converged: whether the fold's fit converged, written in the rows.
+    Returns:
+        (rows, pit): one row per held-out stream (the columns :data:`FOLD_COLUMNS`, pooled over runs), and per
+        (run, stream) a dict of :data:`PIT_COLUMNS` with array values, one entry per held-out value in row-major
+        (sample, feature) order.
+    """
     from scipy.stats import norm
 
+    moments = _in_fold_moments(data, held)
+    half = {level: float(norm.ppf(0.5 + level / 2)) for level in COVERAGE_LEVELS}
     acc: dict[str, dict] = {}
-    for run, h, pred in zip(data.runs, held, preds):
+    pit = []
+    for r, (run, h, pred) in enumerate(zip(data.runs, held, preds)):
         for key, m in h.items():
             if not m.any():
                 continue
-            y, p = run.stream(key).values, pred[key]
-            a = acc.setdefault(key, {"lpd": 0.0, "sse": 0.0, "n": 0, "sum": 0.0, "sum2": 0.0, "nf": 0.0})
-            a["lpd"] += float(np.sum(norm.logpdf(y[m], p.mean[m], p.sd[m])))
-            a["sse"] += float(np.sum((y[m] - p.mean[m]) ** 2))
-            a["n"] += int(m.sum())
-            yv = np.where(m, y, 0.0)  # per-feature sums of the held-out values, for SST
-            a["sum"] = a["sum"] + yv.sum(axis=0)
-            a["sum2"] = a["sum2"] + (yv * yv).sum(axis=0)
-            a["nf"] = a["nf"] + m.sum(axis=0)
+            mu, sd = moments[key]
+            _, cols = np.nonzero(m)
+            y, p = run.stream(key).values[m], pred[key]
+            mean, v = np.asarray(p.mean)[m], np.asarray(p.sd)[m]
+            z = (y - mean) / v
+            a = acc.setdefault(key, {"n": 0, "lpd": 0.0, "lpd_naive": 0.0, "sse": 0.0, "sst": 0.0,
+                                     **{level: 0 for level in COVERAGE_LEVELS}})
+            a["n"] += y.size
+            a["lpd"] += float(np.sum(norm.logpdf(y, mean, v)))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                a["lpd_naive"] += float(np.sum(norm.logpdf(y, mu[cols], sd[cols])))
+            a["sse"] += float(np.sum((y - mean) ** 2))
+            a["sst"] += float(np.sum((y - mu[cols]) ** 2))
+            for level in COVERAGE_LEVELS:
+                a[level] += int(np.count_nonzero(np.abs(z) <= half[level]))
+            modality = key.split("/", 1)[1]
+            pit.append({"fold": fold, "run": r, "stream": key, "modality": modality, "feature": cols,
+                        "pit": norm.cdf(z)})
     rows = []
     for key, a in acc.items():
-        nf = np.asarray(a["nf"], dtype=np.float64)
-        has = nf > 0
-        sst = float(np.sum(a["sum2"][has] - a["sum"][has] ** 2 / nf[has]))
-        rows.append({"fold": fold, "stream": key, "modality": key.split("/", 1)[1], "n_heldout": a["n"],
-                     "lpd": a["lpd"], "lpd_per_value": a["lpd"] / a["n"], "sse": a["sse"], "sst": sst,
-                     "r2": 1.0 - a["sse"] / sst if sst > 0 else float("nan")})
-    return rows
+        n = a["n"]
+        rows.append({"fold": fold, "stream": key, "modality": key.split("/", 1)[1], "n_heldout": n,
+                     "converged": bool(converged), "lpd": a["lpd"], "lpd_per_value": a["lpd"] / n,
+                     "lpd_naive": a["lpd_naive"], "lpd_naive_per_value": a["lpd_naive"] / n, "sse": a["sse"],
+                     "sst": a["sst"], "r2": 1.0 - a["sse"] / a["sst"] if a["sst"] > 0 else float("nan"),
+                     **{f"coverage_{round(100 * level)}": a[level] / n for level in COVERAGE_LEVELS}})
+    return rows, pit
+
+
+def _pooled(table, by: str):
+    """Scores of ``table`` (rows of :func:`_scores`) pooled over the groups of column ``by``."""
+    import pandas as pd
+
+    g = table.groupby(by, sort=False)
+    n = g["n_heldout"].sum()
+    sse, sst = g["sse"].sum(), g["sst"].sum()
+    inside = table[["coverage_50", "coverage_90"]].mul(table["n_heldout"], axis=0).groupby(table[by], sort=False)
+    return pd.DataFrame({
+        "n_heldout": n,
+        "lpd": g["lpd"].sum(),
+        "lpd_per_value": g["lpd"].sum() / n,
+        "lpd_naive": g["lpd_naive"].sum(),
+        "lpd_naive_per_value": g["lpd_naive"].sum() / n,
+        "sse": sse,
+        "sst": sst,
+        "r2": 1.0 - sse / sst,
+        "coverage_50": inside["coverage_50"].sum() / n,
+        "coverage_90": inside["coverage_90"].sum() / n,
+        "converged": g["converged"].all(),
+    })
+
+
+def _pit_frame(parts: list[dict]):
+    """The ``CVResult.pit`` DataFrame from the per-(run, stream) parts of :func:`_scores`."""
+    import pandas as pd
+
+    sizes = [len(p["pit"]) for p in parts]
+    col = {c: np.repeat([p[c] for p in parts], sizes) if parts else np.array([], dtype=object)
+           for c in ("fold", "run", "stream", "modality")}
+    return pd.DataFrame({
+        "fold": col["fold"].astype(np.int64),
+        "run": col["run"].astype(np.int64),
+        "stream": pd.Categorical(col["stream"]),
+        "modality": pd.Categorical(col["modality"]),
+        "feature": np.concatenate([p["feature"] for p in parts]).astype(np.int64) if parts else np.array([], int),
+        "pit": np.concatenate([p["pit"] for p in parts]) if parts else np.array([], float),
+    }, columns=list(PIT_COLUMNS))
 
 
 def cross_validate(data: Dataset, spec: ModelSpec, method: str = "rmsrm", folds: int = 5, mask: str = "time_blocks",
-                   seed: int = 0, *, model_kwargs: dict | None = None, init="rmsrm", **fit_kwargs) -> CVResult:
+                   seed: int = 0, *, model_kwargs: dict | None = None, init="rmsrm", require_converged: bool = True,
+                   **fit_kwargs) -> CVResult:
     """K-fold cross-validation by masking (module docstring).
 
     Args:
@@ -258,35 +419,48 @@ def cross_validate(data: Dataset, spec: ModelSpec, method: str = "rmsrm", folds:
         init: ``"map"`` only: ``"rmsrm"`` (default: start each fold's MAP fit from a one-restart R-MSRM fit of the
             same masked data, lags and widths moved inside their bounds), None (``model.initial_params``) or
             a start accepted by ``fit_map``.
+        require_converged: True (default): refuse a fold whose fit did not converge (:class:`NotConvergedError`,
+            raised as soon as that fold is fitted); False: score it, with ``converged=False`` in its rows.
         **fit_kwargs: passed to ``fit_rmsrm`` (e.g. ``restarts``, ``max_iter``, ``n_jobs``) or to ``fit_map``
             (e.g. ``maxiter``).
     Returns:
         :class:`CVResult`.
+    Raises:
+        ValueError: bad input (see :func:`fold_masks`), before any fit.
+        NotConvergedError: a fold's fit did not converge and ``require_converged`` is True.
     """
     import pandas as pd
 
     from .runtime import execution_info
 
     _check(data, spec, method, folds, mask, seed)
+    if not isinstance(require_converged, (bool, np.bool_)):
+        raise ValueError(f"require_converged must be True or False, got {require_converged!r}")
     masks = fold_masks(data, int(folds), mask, int(seed))  # every refusal before any fit
     model_kwargs = dict(model_kwargs or {})
-    rows, seconds = [], []
+    rows, pit, seconds, converged = [], [], [], []
     for f, held in enumerate(masks):
         t0 = time.perf_counter()
-        preds = _fit_predict(_masked(data, held), spec, method, int(seed), model_kwargs, init, fit_kwargs)
+        preds, ok, how = _fit_predict(_masked(data, held), spec, method, int(seed), model_kwargs, init, fit_kwargs)
         seconds.append(time.perf_counter() - t0)
-        rows.extend(_scores(data, held, preds, f))
-    table = pd.DataFrame(rows, columns=["fold", "stream", "modality", "n_heldout", "lpd", "lpd_per_value", "sse",
-                                        "sst", "r2"])
-    g = table.groupby("stream", sort=False)
-    summary = pd.DataFrame({
-        "modality": g["modality"].first(),
-        "n_heldout": g["n_heldout"].sum(),
-        "lpd": g["lpd"].sum(),
-        "lpd_per_value": g["lpd"].sum() / g["n_heldout"].sum(),
-        "r2": 1.0 - g["sse"].sum() / g["sst"].sum(),
-        "r2_fold_mean": g["r2"].mean(),
-    })
-    return CVResult(folds=table, summary=summary, method=method, mask=mask, n_folds=int(folds),
-                    n_factors=spec.n_factors, seed=int(seed), fit_seconds=np.array(seconds),
-                    execution_info=execution_info())
+        if not ok and require_converged:
+            name = "R-MSRM (fit_rmsrm)" if method == "rmsrm" else "GP-MAP (fit_map)"
+            raise NotConvergedError(
+                f"cross_validate(method={method!r}, mask={mask!r}): the {name} fit of fold {f} of {folds} did not "
+                f"converge ({how}); its held-out scores would describe the iteration limit, not the model. Raise "
+                f"the iteration limit ({'max_iter' if method == 'rmsrm' else 'maxiter'}) or pass "
+                f"require_converged=False to score it anyway (its rows then say converged=False)")
+        converged.append(bool(ok))
+        fold_rows, fold_pit = _scores(data, held, preds, f, converged=ok)
+        rows.extend(fold_rows)
+        pit.extend(fold_pit)
+    table = pd.DataFrame(rows, columns=list(FOLD_COLUMNS))
+    summary = _pooled(table, "stream")
+    summary.insert(0, "modality", table.groupby("stream", sort=False)["modality"].first())
+    summary.insert(summary.columns.get_loc("sst") + 2, "r2_fold_mean", table.groupby("stream", sort=False)["r2"].mean())
+    by_modality = _pooled(table, "modality")
+    by_modality.insert(0, "n_streams", table.groupby("modality", sort=False)["stream"].nunique())
+    return CVResult(folds=table, summary=summary, by_modality=by_modality, pit=_pit_frame(pit),
+                    converged=np.array(converged, dtype=bool), method=method, mask=mask, n_folds=int(folds),
+                    n_factors=spec.n_factors, seed=int(seed), require_converged=bool(require_converged),
+                    fit_seconds=np.array(seconds), execution_info=execution_info())

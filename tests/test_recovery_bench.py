@@ -126,9 +126,69 @@ def test_smoke_profile_end_to_end(smoke_rows):
     assert 0.0 <= cov <= 1.0
     held = [r for r in _by(rows, metric="heldout_r2", method="rmsrm") if r["status"] == "measured"]
     assert held and all(math.isfinite(r["value"]) for r in held)
+    # held-out scores per modality (the features mask holds out brain features only), naive baseline beside
+    assert [r["params"]["modality"] for r in held] == ["brain"]
+    lpd = _one(rows, metric="heldout_lpd", method="rmsrm", modality="brain")
+    naive = _one(rows, metric="heldout_lpd_naive", method="rmsrm", modality="brain")
+    assert lpd["params"]["n_heldout"] == naive["params"]["n_heldout"] > 0 and math.isfinite(naive["value"])
+    for metric in ("heldout_coverage_50", "heldout_coverage_90"):
+        assert 0.0 <= _one(rows, metric=metric, method="rmsrm", modality="brain")["value"] <= 1.0
+    # both MSRM fits ran to convergence, GP-MAP within fit_map's default iteration limit
+    for method in ("rmsrm", "gp_map"):
+        conv = _one(rows, metric="converged", method=method)
+        assert conv["value"] == 1.0 and conv["params"]["iterations"] <= conv["params"]["iteration_limit"], conv
+    assert _one(rows, metric="converged", method="gp_map")["params"]["iteration_limit"] == 500
     assert {r["status"] for r in _by(rows, metric="heldout_r2", method="pca_spline")} == {"not_yet_measured"}
     # the figure's fits are kept, GP-MAP with its band
     assert keep["truth"].name == "small" and keep["fits"]["gp_map"]["bands"]["procrustes"]["lower"]
+
+
+def _row(metric, value, unit, *, status="measured", **params):
+    from msrm_lab.bench.rows import make_row
+
+    return make_row(bench.NOTEBOOK, bench.EXPERIMENT, metric, value, unit, status=status, info={}, **params)
+
+
+def test_a_fit_that_did_not_converge_is_reported_not_scored():
+    """The rows of a GP-MAP fit stopped by its iteration limit: ok, converged = 0 with how it stopped, and every
+    score refused with the reason (a converged fit of the same latents is scored)."""
+    from data_synth.designs import make_design
+
+    data, spec, truth = make_design("small", 0)
+    masks = bench._masks(data, spec, truth, 8.0)
+    for converged in (False, True):
+        res = {"ok": True, "error": None, "wall_s": 1.0, "latents": list(truth.latents),
+               "response": truth.spec_response(),
+               "convergence": {"converged": converged, "iterations": 7, "iteration_limit": 7,
+                               "stop": "STOP: TOTAL NO. OF ITERATIONS REACHED LIMIT"}}
+        rows = bench._method_rows("gp_map", res, truth, masks, _row)
+        assert _one(rows, metric="ok")["value"] == 1.0
+        conv = _one(rows, metric="converged")
+        assert conv["value"] == float(converged) and conv["params"]["stop"].startswith("STOP")
+        scores = [r for r in rows if r["metric"] not in ("ok", "wall_s", "converged")]
+        assert {r["metric"] for r in scores} >= {"subspace_error", "aligned_r2_min", "abs_error_rating_lag"}
+        if converged:
+            assert all(r["status"] == "measured" for r in scores)
+            assert _one(rows, metric="subspace_error")["value"] < 1e-9  # the true latents themselves
+        else:
+            assert all(r["status"] == "refused" and r["value"] is None for r in scores)
+            assert all("did not converge (7 iterations, limit 7" in r["params"]["reason"] for r in scores)
+
+
+def test_a_cross_validation_refused_for_non_convergence_gives_refused_rows(monkeypatch):
+    import msrm
+    from data_synth.designs import make_design
+    from msrm.validation import NotConvergedError
+
+    def refuse(*args, **kwargs):
+        raise NotConvergedError("the GP-MAP (fit_map) fit of fold 1 of 3 did not converge")
+
+    monkeypatch.setattr(msrm, "cross_validate", refuse)
+    data, spec, _ = make_design("small", 0)
+    sz = dict(bench.SIZES["smoke"], cv=dict(bench.SIZES["smoke"]["cv"], methods=("map",), map_designs=("small",)))
+    rows = bench._cv_rows(data, spec, sz, "small", 0, ["gp_map"], _row)
+    assert {r["metric"] for r in rows} == {m for m, _, _ in bench.CV_METRICS}
+    assert all(r["status"] == "refused" and "fold 1 of 3 did not converge" in r["params"]["reason"] for r in rows)
 
 
 @pytest.mark.slow

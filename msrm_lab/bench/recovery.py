@@ -11,8 +11,10 @@ responses, on each stream's own clock), fits every method of the profile and sco
 - ``rmsrm``: ``msrm.fit_rmsrm`` (restarts and iterations per profile, one process); latents ``rfit.latents``,
   responses ``rfit.params.response``;
 - ``gp_map``: ``msrm.GPMSRM(data, spec, linear_algebra="state_space")`` fitted by ``fit_map`` from the R-MSRM
-  fit of the same data and seed (its lags and widths moved just inside their bounds, where a start must lie);
-  latents the posterior mean of ``model.latent_posterior(map.params, cov=True)``;
+  fit of the same data and seed (its lags and widths moved just inside their bounds, where a start must lie), to
+  convergence: the profiles leave ``maxiter`` at the library's default (``fit_map``'s, 500 iterations; the fit of
+  the small design, seed 0, takes about 200); latents the posterior mean of
+  ``model.latent_posterior(map.params, cov=True)``;
 - ``nuts`` (designs listed in ``nuts_designs`` only): ``model.sample`` started from that MAP fit; latents the
   pooled posterior mean over the kept draws of ``post.latent_posterior(thin, cov=True)``.
 
@@ -29,13 +31,22 @@ method extrapolates.
 
 - ``ok`` (1 or 0; param ``error`` holds the reason of a failure or an unavailable peer: the rest still runs) and
   ``wall_s`` (the fit, s);
+- ``converged`` (R-MSRM, GP-MAP: 1 or 0, with params ``iterations``, ``iteration_limit`` and ``stop``, how the fit
+  stopped). The metrics of a fit that did not converge describe its iteration limit rather than the method, so
+  they are rows with ``status="refused"``, no value and that ``reason`` (a GP-MAP fit that did not converge still
+  starts NUTS, which needs only a start);
 - ``subspace_error`` (:func:`~msrm_lab.recovery.metrics.subspace_error`, forgives any invertible map),
   ``aligned_r2_min`` and ``aligned_r2_mean`` over the true factors (affine least-squares map);
 - ``abs_error_<modality>_<param>`` for each fitted response parameter with a true value (MSRM methods);
-- ``heldout_r2`` and ``heldout_lpd`` (nats) per ``mask`` (``"time_blocks"``, ``"features"``) from
-  ``msrm.cross_validate(method="rmsrm"|"map")`` on the seeds listed in ``cv_seeds``, with ``cv_wall_s``. Peers
-  get these rows as ``not_yet_measured`` with a ``reason`` (they estimate latents, not a predictive
-  distribution of held-out values);
+- per ``mask`` (``"time_blocks"``, ``"features"``) and per held-out ``modality`` (param; each modality has its
+  own units, so none is pooled with another), from ``msrm.cross_validate(method="rmsrm"|"map")`` on the seeds
+  listed in ``cv_seeds`` (msrm.validation): ``heldout_r2`` (about each feature's in-fold mean),
+  ``heldout_lpd`` and, beside it, the naive baseline ``heldout_lpd_naive`` (nats, summed; param ``n_heldout``),
+  ``heldout_coverage_50`` and ``heldout_coverage_90`` (fractions of held-out values inside the central
+  predictive intervals); and ``cv_wall_s``. A cross-validation with a fold whose fit did not converge is refused
+  (``msrm.validation.NotConvergedError``): its rows have ``status="refused"`` and the reason. Peers get these rows
+  as ``not_yet_measured`` with a ``reason`` (they estimate latents, not a predictive distribution of held-out
+  values);
 - ``band_coverage_90`` (GP-MAP, NUTS): the fraction of true (grid point, factor) values inside the 90% band of the
   posterior after an orthogonal Procrustes map of the posterior mean onto the truth
   (:func:`~msrm_lab.recovery.metrics.aligned_band`, exact sd from the per-point K x K covariance), and
@@ -71,37 +82,39 @@ MSRM_METHODS = ("rmsrm", "gp_map", "nuts")
 # the peers of msrm_lab.peers.PEERS (named here so that this module imports before that one exists)
 _ALL_PEERS = ("pca_spline", "fa_spline", "srm", "mefisto", "gpfa")
 
-# Per profile: designs, seeds, methods; fit settings of R-MSRM (``rmsrm``), GP-MAP (``map``) and NUTS (``nuts``,
-# on ``nuts_designs`` only); ``method_seeds`` restricts a method to some seeds (the costly MEFISTO); the
-# cross-validation (``cv``: folds, masks, which MSRM fits, their settings, ``map_designs`` where the GP-MAP one
-# runs) on ``cv_seeds``; the edge margin ``drop`` (s); the (design, seed) the notebook's figure shows; ``n_jobs``
-# worker processes over (design, seed) pairs.
+# Per profile: designs, seeds, methods; fit settings of R-MSRM (``rmsrm``), GP-MAP (``map``: empty, so that
+# fit_map runs to convergence within its default iteration limit) and NUTS (``nuts``, on ``nuts_designs`` only);
+# ``method_seeds`` restricts a method to some seeds (the costly MEFISTO); the cross-validation (``cv``: folds,
+# masks, which MSRM fits, their settings, ``map_designs`` where the GP-MAP one runs) on ``cv_seeds``; the edge
+# margin ``drop`` (s); the (design, seed) the notebook's figure shows; ``n_jobs`` worker processes over
+# (design, seed) pairs. R-MSRM's ``max_iter`` is fit_rmsrm's default (100 per phase). A fit that stops at its
+# limit anyway is reported, not scored (module docstring, ``converged``).
 SIZES: dict[str, dict[str, Any]] = {
-    # tests: one small design, one seed, the cheapest peer and both MSRM fits with few iterations
+    # tests: one small design, one seed, the cheapest peer and both MSRM fits (each converges in a few seconds)
     "smoke": dict(designs=("small",), seeds=(0,), methods=("pca_spline", "rmsrm", "gp_map"),
-                  rmsrm=dict(restarts=1, max_iter=30), map=dict(maxiter=10), nuts=None, nuts_designs=(),
+                  rmsrm=dict(restarts=1, max_iter=100), map=dict(), nuts=None, nuts_designs=(),
                   method_seeds={},
-                  cv=dict(folds=2, masks=("features",), methods=("rmsrm",), rmsrm=dict(restarts=1, max_iter=20),
-                          map=dict(maxiter=5), map_designs=()),
+                  cv=dict(folds=2, masks=("features",), methods=("rmsrm",), rmsrm=dict(restarts=1, max_iter=100),
+                          map=dict(), map_designs=()),
                   cv_seeds=(0,), drop=8.0, figure=dict(design="small", seed=0), n_jobs=1),
     # make book: two designs, two seeds, every method but NUTS and MEFISTO (one MEFISTO fit of a 300 s design
     # alone takes most of the quick profile's notebook time limit)
     "quick": dict(designs=("baseline", "few_brain"), seeds=(0, 1), methods=_ALL_PEERS + ("rmsrm", "gp_map"),
-                  rmsrm=dict(restarts=2, max_iter=100), map=dict(maxiter=60), nuts=None, nuts_designs=(),
+                  rmsrm=dict(restarts=2, max_iter=100), map=dict(), nuts=None, nuts_designs=(),
                   method_seeds={"mefisto": ()},
-                  cv=dict(folds=3, masks=("features",), methods=("rmsrm",), rmsrm=dict(restarts=1, max_iter=60),
-                          map=dict(maxiter=20), map_designs=()),
+                  cv=dict(folds=3, masks=("features",), methods=("rmsrm",), rmsrm=dict(restarts=1, max_iter=100),
+                          map=dict(), map_designs=()),
                   cv_seeds=(0,), drop=8.0, figure=dict(design="baseline", seed=0), n_jobs=2),
     # the note: every design, five seeds; NUTS (300 + 300, one chain) on two seeds of the small design; MEFISTO
     # and the cross-validations on the first seed, GP-MAP's cross-validation on the small design
     "note": dict(designs=("baseline", "few_brain", "fast_dynamics", "missing_brain", "ou_latents", "bumps_hrf",
                           "small"),
                  seeds=(0, 1, 2, 3, 4), methods=_ALL_PEERS + ("rmsrm", "gp_map", "nuts"),
-                 rmsrm=dict(restarts=2, max_iter=100), map=dict(maxiter=100),
+                 rmsrm=dict(restarts=2, max_iter=100), map=dict(),
                  nuts=dict(num_warmup=300, num_samples=300, num_chains=1, thin=10), nuts_designs=("small",),
                  method_seeds={"mefisto": (0,), "nuts": (0, 1)},
                  cv=dict(folds=3, masks=("time_blocks", "features"), methods=("rmsrm", "map"),
-                         rmsrm=dict(restarts=1, max_iter=60), map=dict(maxiter=30), map_designs=("small",)),
+                         rmsrm=dict(restarts=1, max_iter=100), map=dict(), map_designs=("small",)),
                  cv_seeds=(0,), drop=8.0, figure=dict(design="baseline", seed=0), n_jobs=2),
 }
 SIZES["full"] = SIZES["note"]
@@ -165,7 +178,8 @@ def fit_methods(data, spec, truth, methods, sz: dict, seed: int) -> dict[str, di
 
     Returns:
         method -> dict with ``ok``, ``error``, ``wall_s`` (that method's own fit), ``latents`` (per run (J, K),
-        NaN allowed outside a peer's span), ``response`` (MSRM methods), ``bands`` ({"procrustes", "affine"} ->
+        NaN allowed outside a peer's span), ``response`` (MSRM methods), ``convergence`` (R-MSRM, GP-MAP:
+        ``converged``, ``iterations``, ``iteration_limit``, ``stop``), ``bands`` ({"procrustes", "affine"} ->
         :func:`~msrm_lab.recovery.metrics.aligned_band` result, GP methods), ``posterior_wall_s``, and for NUTS
         ``draws`` ({"modality/param": response parameter draws}) and ``diagnostics`` (r_hat_max, ess_bulk_min).
     """
@@ -198,7 +212,12 @@ def fit_methods(data, spec, truth, methods, sz: dict, seed: int) -> dict[str, di
     try:
         rfit = msrm.fit_rmsrm(data, spec, seed=seed, n_jobs=1, progress=False, **sz["rmsrm"])
         out["rmsrm"] = {"ok": True, "error": None, "wall_s": time.perf_counter() - t0,
-                        "latents": list(rfit.latents), "response": dict(rfit.params.response)}
+                        "latents": list(rfit.latents), "response": dict(rfit.params.response),
+                        "convergence": {"converged": bool(rfit.converged), "iterations": int(rfit.n_iter),
+                                        "iteration_limit": int(rfit.settings["max_iter"]),
+                                        "stop": ("relative change of the objective below tol "
+                                                 f"{rfit.settings['tol']:g}" if rfit.converged else
+                                                 f"max_iter={rfit.settings['max_iter']} reached in a phase")}}
     except Exception as exc:  # noqa: BLE001
         out["rmsrm"] = failure(t0, exc)
 
@@ -216,8 +235,11 @@ def fit_methods(data, spec, truth, methods, sz: dict, seed: int) -> dict[str, di
                 t1 = time.perf_counter()
                 post = model.latent_posterior(mp.params, cov=True)
                 means = [p.mean for p in post]
+                d = mp.diagnostics
                 out["gp_map"] = {"ok": True, "error": None, "wall_s": wall, "latents": means,
                                  "response": dict(mp.params.response),
+                                 "convergence": {"converged": bool(mp.converged), "iterations": int(d["iterations"]),
+                                                 "iteration_limit": int(d["maxiter"]), "stop": str(d["message"])},
                                  "bands": _bands(truth.latents, means, [p.cov for p in post], masks),
                                  "posterior_wall_s": time.perf_counter() - t1}
             except Exception as exc:  # noqa: BLE001
@@ -266,26 +288,36 @@ def _fit_nuts(model, mp, truth, masks, settings: dict, seed: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------- rows
+# the held-out rows of a cross-validation: metric, unit and the column of CVResult.by_modality it reads
+CV_METRICS = (("heldout_r2", "1", "r2"), ("heldout_lpd", "nats", "lpd"), ("heldout_lpd_naive", "nats", "lpd_naive"),
+              ("heldout_coverage_50", "1", "coverage_50"), ("heldout_coverage_90", "1", "coverage_90"))
+
+
 def _cv_rows(data, spec, sz, design, seed, methods, row) -> list[dict]:
-    """Held-out R^2 and log predictive density per mask for the MSRM methods; peers: not measured, with why."""
+    """Held-out scores per mask and modality for the MSRM methods (module docstring); peers: not measured, with
+    why; a cross-validation with a fold that did not converge: refused, with why."""
     import msrm
+    from msrm.validation import NotConvergedError
 
     cv = sz["cv"]
     rows = []
+
+    def unscored(method, mask, status, **why):
+        for metric, unit, _ in CV_METRICS:
+            rows.append(row(metric, None, unit, method=method, mask=mask, status=status, **why))
+
     for method in methods:
         for mask in cv["masks"]:
             if method in _ALL_PEERS or method == "nuts":
-                reason = ("a peer estimates latents only, with no predictive distribution of held-out values"
-                          if method in _ALL_PEERS else "cross-validation refits every fold; NUTS is not refitted")
-                for metric, unit in (("heldout_r2", "1"), ("heldout_lpd", "nats")):
-                    rows.append(row(metric, None, unit, method=method, mask=mask, status="not_yet_measured",
-                                    reason=reason))
+                unscored(method, mask, "not_yet_measured",
+                         reason=("a peer estimates latents only, with no predictive distribution of held-out values"
+                                 if method in _ALL_PEERS else
+                                 "cross-validation refits every fold; NUTS is not refitted"))
                 continue
             cv_method = "rmsrm" if method == "rmsrm" else "map"
             if cv_method not in cv["methods"] or (cv_method == "map" and design not in cv["map_designs"]):
-                for metric, unit in (("heldout_r2", "1"), ("heldout_lpd", "nats")):
-                    rows.append(row(metric, None, unit, method=method, mask=mask, status="not_yet_measured",
-                                    reason=f"{method} is not cross-validated on this design in this profile"))
+                unscored(method, mask, "not_yet_measured",
+                         reason=f"{method} is not cross-validated on this design in this profile")
                 continue
             t0 = time.perf_counter()
             try:
@@ -296,15 +328,18 @@ def _cv_rows(data, spec, sz, design, seed, methods, row) -> list[dict]:
                     msrm.runtime.enable_x64()
                     res = msrm.cross_validate(data, spec, method="map", folds=cv["folds"], mask=mask, seed=seed,
                                               model_kwargs=dict(linear_algebra="state_space"), **cv["map"])
+            except NotConvergedError as exc:
+                unscored(method, mask, "refused", reason=str(exc))
+                continue
             except Exception as exc:  # noqa: BLE001
-                for metric, unit in (("heldout_r2", "1"), ("heldout_lpd", "nats")):
-                    rows.append(row(metric, None, unit, method=method, mask=mask, status="error",
-                                    error=f"{type(exc).__name__}: {exc}"))
+                unscored(method, mask, "error", error=f"{type(exc).__name__}: {exc}")
                 continue
             wall = time.perf_counter() - t0
             extra = dict(method=method, mask=mask, folds=cv["folds"])
-            rows.append(row("heldout_r2", res.r2, "1", **extra))
-            rows.append(row("heldout_lpd", res.lpd, "nats", **extra))
+            for modality, scores in res.by_modality.iterrows():
+                for metric, unit, column in CV_METRICS:
+                    rows.append(row(metric, float(scores[column]), unit, modality=modality,
+                                    n_heldout=int(scores["n_heldout"]), **extra))
             rows.append(row("cv_wall_s", wall, "s", **extra))
     return rows
 
@@ -318,22 +353,37 @@ def _method_rows(name: str, res: dict, truth, masks, row) -> list[dict]:
             row("wall_s", res["wall_s"], "s", method=name)]
     if not res["ok"]:
         return rows
+    conv = res.get("convergence")
+    refused = None
+    if conv is not None:
+        rows.append(row("converged", 1.0 if conv["converged"] else 0.0, "1", method=name,
+                        iterations=conv["iterations"], iteration_limit=conv["iteration_limit"], stop=conv["stop"]))
+        if not conv["converged"]:
+            refused = (f"the {name} fit did not converge ({conv['iterations']} iterations, limit "
+                       f"{conv['iteration_limit']}: {conv['stop']}); its scores would describe the iteration limit")
+
+    def score(metric, value, unit, **params):
+        """A metric of the fit: measured, or refused with the reason when the fit did not converge."""
+        if refused is not None:
+            return row(metric, None, unit, status="refused", reason=refused, method=name, **params)
+        return row(metric, value, unit, method=name, **params)
+
     m = _finite_masks(masks, res["latents"])
-    rows.append(row("subspace_error", rm.subspace_error(truth.latents, res["latents"], m), "1", method=name))
+    rows.append(score("subspace_error", rm.subspace_error(truth.latents, res["latents"], m), "1"))
     r2 = rm.aligned_r2(truth.latents, res["latents"], m)
-    rows.append(row("aligned_r2_min", float(r2.min()), "1", method=name))
-    rows.append(row("aligned_r2_mean", float(r2.mean()), "1", method=name))
+    rows.append(score("aligned_r2_min", float(r2.min()), "1"))
+    rows.append(score("aligned_r2_mean", float(r2.mean()), "1"))
     if res.get("response"):
         errs = rm.flat_response_errors(rm.response_errors(res["response"], truth.response))
         for key, v in errs.items():
             modality, pname = key.rsplit("/", 1)
-            rows.append(row(f"abs_error_{modality.replace('/', '_')}_{pname}", v, "s", method=name,
-                            modality=modality, parameter=pname))
+            rows.append(score(f"abs_error_{modality.replace('/', '_')}_{pname}", v, "s", modality=modality,
+                              parameter=pname))
     if res.get("bands"):
         for kind, metric in (("procrustes", "band_coverage_90"), ("affine", "band_coverage_90_affine")):
             b = res["bands"][kind]
-            rows.append(row(metric, rm.band_coverage(truth.latents, b["lower"], b["upper"], masks), "1",
-                            method=name, alignment=kind, exact_sd=True))
+            rows.append(score(metric, rm.band_coverage(truth.latents, b["lower"], b["upper"], masks), "1",
+                              alignment=kind, exact_sd=True))
         rows.append(row("posterior_wall_s", res["posterior_wall_s"], "s", method=name))
     if res.get("draws"):
         for key, draws in res["draws"].items():
