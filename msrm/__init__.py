@@ -25,7 +25,8 @@ __all__ = [
     "Stream", "Run", "Dataset", "ModelSpec", "Identity", "GaussianLag", "GaussianWidthLag", "latent_grid",
     "Params", "GPMSRM", "fit_rmsrm", "load_rfit", "RFit", "diagnostics", "runtime", "parallel",
     "response_weights", "response_weights_csr", "prepare_nodes", "response_groups", "count_nodes", "kernels",
-    "responses", "LatentPosterior", "Prediction", "HRF", "align", "Alignment", "cross_validate", "CVResult", "NotConvergedError", "plot",
+    "responses", "LatentPosterior", "Prediction", "HRF", "align", "Alignment", "cross_validate", "CVResult",
+    "NotConvergedError", "plot",
 ]
 
 # Resolved on first access so that `import msrm` never imports JAX (R-MSRM is NumPy/SciPy only).
