@@ -6,7 +6,9 @@ prior correlations ``K_k`` (J, J) on the grid, node covariances ``C_k = A K_k A^
 
 .. math::
 
-    M = I + R C R^\top = L L^\top, \qquad v = R C \eta, \qquad w = L^{-1} v.
+    M = I + R C R^\top = L L^\top, \qquad R_u^\top \tilde y_u = \eta_u, \qquad w = L^{-1} \tilde y,
+
+with ``y~`` the whitened node data (:func:`~msrm.gp.likelihood.node_least_squares`).
 
 **Query points.** Any set of points ``q`` whose latent values are linear in Z, ``x_q = (b_q^T z_k)_k`` (grid points:
 ``b_q`` a unit vector; samples: their response rows), has prior covariance ``(B K_k B^T)`` per factor and cross
@@ -15,11 +17,14 @@ covariance with the node values ``X_k = A K_k B^T`` (N, n_q). With ``(R X)[(u,a)
 
 .. math::
 
-    E[x_q] = X^\top \eta - G^\top w, \qquad
+    E[x_q] = G^\top w, \qquad
     \mathrm{Cov}[x_{qk}, x_{ql}] = \delta_{kl} (B K_k B^\top)_{qq} - \textstyle\sum_x G[x,(q,k)]\, G[x,(q,l)],
 
-from ``Cov[z | y] = K - K A^T R^T M^{-1} R A K`` and ``E[z | y] = K A^T (eta - R^T M^{-1} v)`` (Woodbury with
-``(C^{-1} + Lambda)^{-1} = C - C R^T M^{-1} R C``, never inverting the singular ``C``). Only the K x K block of each
+from ``Cov[z | y] = K - K A^T R^T M^{-1} R A K`` (Woodbury with ``(C^{-1} + Lambda)^{-1} = C - C R^T M^{-1} R
+C``, never inverting the singular ``C``) and ``E[z | y] = K A^T alpha`` with ``alpha = (I + Lambda C)^{-1} eta =
+R^T M^{-1} y~`` (since ``(I + R^T R C) R^T M^{-1} = R^T``). The mean is formed from ``alpha`` alone: the textbook
+``K A^T (eta - R^T M^{-1} R C eta)`` subtracts two terms of the size of the data's signal-to-noise ratio to
+leave one of the size of the latent, and loses that many digits; ``G^T w`` has no such cancellation. Only the K x K block of each
 query point is formed (the column inner products of ``G`` within one point); a variance is clipped at 0 before
 its square root (cancellation can leave a tiny negative where the data pin a value down).
 
@@ -72,7 +77,8 @@ from ..nodes import prepare_nodes, response_groups
 from ..operators import WindowLayout, jax_window_weights, window_layout
 from . import linalg
 from .kernels import kernel_matrices
-from .likelihood import group_theta, node_covariance, node_information, response_matrix, woodbury_system
+from .likelihood import (group_theta, node_covariance, node_information, node_least_squares, response_matrix,
+                         woodbury_system)
 from .prepare import Prepared, RunPrepared, prepare
 
 __all__ = [
@@ -102,13 +108,12 @@ class NodeSystem(NamedTuple):
     """The factorised node-space system of one run.
 
     Fields: eta (N, K); R (N, K, K) factors of ``Lambda_u``; C (K, N, N) node covariances (exactly symmetric);
-    Ce (N, K) ``C eta``; L (N K, N K) lower factor of ``M``; w (N K,) ``L^-1 v``; event () int32 guard code.
+    L (N K, N K) lower factor of ``M``; w (N K,) ``L^-1 y~``; event () int32 guard code.
     """
 
     eta: jax.Array
     R: jax.Array
     C: jax.Array
-    Ce: jax.Array
     L: jax.Array
     w: jax.Array
     event: jax.Array
@@ -117,10 +122,11 @@ class NodeSystem(NamedTuple):
 def node_system(theta, run: RunPrepared) -> NodeSystem:
     """Node statistics, node covariances and the guarded factor of ``M`` for one prepared run."""
     _, eta, R, _ = node_information(theta, run)
-    C, Ce, v, M = woodbury_system(eta, R, node_covariance(theta, run.layout))
+    y, _ = node_least_squares(eta, R)
+    C, M = woodbury_system(R, node_covariance(theta, run.layout))
     L, event = linalg.native_factor(M)  # M is bitwise symmetric (woodbury_system)
-    w = solve_triangular(L, v, lower=True)
-    return NodeSystem(eta, R, C, Ce, L, w, event)
+    w = solve_triangular(L, y.reshape(-1), lower=True)
+    return NodeSystem(eta, R, C, L, w, event)
 
 
 def solve_cross(system: NodeSystem, X):
@@ -133,11 +139,11 @@ def solve_cross(system: NodeSystem, X):
     return solve_triangular(system.L, RX.reshape(N * K, n_q * K), lower=True).reshape(N * K, n_q, K)
 
 
-def moments(G, prior_mean, prior_var, w):
+def moments(G, prior_var, w):
     """Posterior mean (n_q, K) and K x K blocks (n_q, K, K) at query points from ``G`` (N K, n_q, K), the prior
-    term ``X^T eta`` (n_q, K), the prior variances (n_q, K) and ``w = L^-1 v`` (N K,)."""
+    variances (n_q, K) and ``w = L^-1 y~`` (N K,)."""
     K = G.shape[2]
-    mean = prior_mean - jnp.einsum("xqk,x->qk", G, w)
+    mean = jnp.einsum("xqk,x->qk", G, w)
     return mean, prior_var[:, :, None] * jnp.eye(K) - jnp.einsum("xqk,xql->qkl", G, G)
 
 
@@ -146,7 +152,7 @@ def query_moments(system: NodeSystem, X, prior_var):
     docstring), from their prior cross covariances ``X`` (K, N, n_q) with the nodes and prior variances
     (n_q, K)."""
     G = solve_cross(system, X)
-    return moments(G, jnp.einsum("kuq,uk->qk", X, system.eta), prior_var, system.w)
+    return moments(G, prior_var, system.w)
 
 
 def node_posterior(theta, run: RunPrepared):
@@ -248,15 +254,14 @@ def posterior_arrays(theta, run: RunPrepared, query: PredictQuery) -> dict:
     Kk = kernel_matrices(layout.dist, theta["lengthscales"], layout.kernel)  # (K, J, J)
     X = jnp.einsum("uj,kji->kui", response_matrix(theta, layout), Kk)  # A K_k: (K, N, J)
     G = solve_cross(system, X)  # (N K, J, K)
-    eta_X = jnp.einsum("kuj,uk->jk", X, system.eta)  # (J, K): K_k A^T eta_k
-    mean, cov = moments(G, eta_X, jnp.diagonal(Kk, axis1=1, axis2=2).T, system.w)
+    mean, cov = moments(G, jnp.diagonal(Kk, axis1=1, axis2=2).T, system.w)
     cov = 0.5 * (cov + jnp.swapaxes(cov, 1, 2))
     out = {"mean": mean, "sd": jnp.sqrt(jnp.maximum(jnp.diagonal(cov, axis1=1, axis2=2), 0.0)), "cov": cov,
            "event": system.event}
 
     B = _query_rows(theta, query, layout.n_grid)  # (n_q, J)
     H = jnp.einsum("xjk,qj->xqk", G, B)  # L^-1 R (A K_k B^T)
-    m, Q = moments(H, B @ eta_X, jnp.einsum("qj,kji,qi->qk", B, Kk, B), system.w)
+    m, Q = moments(H, jnp.einsum("qj,kji,qi->qk", B, Kk, B), system.w)
     streams = {}
     for key, points in query.sample_points.items():
         W = theta["loadings"][key]

@@ -6,39 +6,52 @@ Per run, nodes ``u = 1..N`` (one per distinct (response group, sample time); ``d
 ``x_k = A z_k ~ N(0, C_k)``, ``C_k = A K_k A^T`` (N x N, rank <= J: singular whenever N > J, so it is never
 inverted). Observations are ``y = b + W x_u + eps``, ``eps ~ N(0, sigma^2)``.
 
-**Sufficient statistics** (:func:`node_information`), per stream ``s`` with ``P_s = diag(1 / sigma_s^2)``:
+**Sufficient statistics** (:func:`node_information`), per stream ``s`` with ``P_s = diag(1 / sigma_s^2)``,
+data centred per feature on its observed mean ``c`` (``Y^0 = m (y - c)``, :mod:`msrm.gp.prepare`) and
+``d = b - c``:
 
 .. math::
 
-    E_s = Y^0_s (P_s W_s) - M_s (P_s\, b_s \odot W_s)  \quad (n_s, K), \qquad
+    E_s = Y^0_s (P_s W_s) - M_s (P_s\, d_s \odot W_s)  \quad (n_s, K), \qquad
     \eta_u = \sum_{(s,i) \to u} E_{s,i}, \qquad
     \Lambda_u = \sum_{(s,i) \to u} W_s^\top \mathrm{diag}(m_{si}) P_s W_s,
 
 matrix products over features then a sum of *samples* into nodes (never a scatter per observation). Without
 missing values every sample of a stream adds the same ``W^T P W``, so ``Lambda = sum_s counts_s ⊗ W_s^T P_s W_s``.
-The constant data terms are ``r^T D^-1 r = sum_f (S2_f - 2 b_f S1_f + n_f b_f^2) / sigma_f^2`` and
 ``log|D| = sum_f n_f log sigma_f^2``.
 
-**Woodbury in node space** with ``Lambda_u = R_u^T R_u`` (see :mod:`msrm.gp.prepare` for the static choice of
-``R_u``), ``R = blockdiag(R_u)``, ``C = blockdiag_k(C_k)`` in (u, k) order:
+**Woodbury in node space, whitened.** With ``Lambda_u = R_u^T R_u`` (see :mod:`msrm.gp.prepare` for the static
+choice of ``R_u``), ``R = blockdiag(R_u)``, ``C = blockdiag_k(C_k)`` in (u, k) order, the whitened node data
+``y~`` (``R_u^T y~_u = eta_u``) and each node's least-squares fit ``x_u`` (``R_u x_u = y~_u``)
+(:func:`node_least_squares`):
 
 .. math::
 
-    M = I + R C R^\top, \quad v = R C \eta, \quad
-    \log p(y) = -\tfrac12\big[n_{obs}\log 2\pi + \log|D| + r^\top D^{-1} r - \eta^\top C \eta
-    + v^\top M^{-1} v + \log|M|\big],
+    M = I + R C R^\top, \qquad
+    \log p(y) = -\tfrac12\big[n_{obs}\log 2\pi + \log|D| + \rho + \tilde y^\top M^{-1} \tilde y + \log|M|\big],
+    \qquad \rho = \sum m\, (y - b - W x_u)^2 / \sigma^2,
 
-from ``(C^-1 + Lambda)^-1 = C - C R^T M^-1 R C`` and ``|D + H C H^T| = |D| |M|``; ``M`` has eigenvalues
-``>= 1``. ``(R C R^T)[(u,a),(v,b)] = sum_k R_u[a,k] C_k[u,v] R_v[b,k]``. ``v^T M^-1 v`` and ``log|M|`` come
+from ``eta^T (C^{-1} + Lambda)^{-1} eta = y~^T (I - M^{-1}) y~`` (substitute ``eta = R^T y~`` in
+``C - C R^T M^{-1} R C``), ``rho = r^T D^-1 r - y~^T y~`` and ``|D + H C H^T| = |D| |M|``; ``M`` has eigenvalues
+``>= 1``. ``(R C R^T)[(u,a),(v,b)] = sum_k R_u[a,k] C_k[u,v] R_v[b,k]``. ``y~^T M^{-1} y~`` and ``log|M|`` come
 from :func:`msrm.gp.linalg.quad_logdet` (guarded Cholesky, custom reverse rule), whose event code is returned.
+
+**Why this form.** Every term above is non-negative and of the size of the answer, so nothing cancels. The
+textbook arrangement ``r^T D^-1 r - eta^T C eta + v^T M^-1 v`` (``v = R C eta``) subtracts terms that grow with
+the square of the signal-to-noise ratio (``eta^T C eta`` is about ``n (w / sigma)^4``) to leave one of order
+``n``: an absolute error of about ``eps n (w / sigma)^4`` nats, past a nat once ``w / sigma`` reaches ``1e4``. ``rho`` is summed value by
+value (:func:`residual_sum_of_squares`, one pass over the data like ``E``) rather than as the difference
+``r^T D^-1 r - y~^T y~``, so its derivative in ``sigma`` is exact too; and centring keeps ``y - b`` exact when the
+data sit on a large offset (raw scanner units). ``r^T D^-1 r`` itself, from the centred sums, is still returned
+by :func:`node_information` for the state-space filter.
 
 **One evaluator for one run or a stack of runs.** A run is evaluated from two parts: a static **shape
 signature** (:class:`Signature`: factor count, kernel, factorization method, grid length ``J``, node count ``N``,
 per response group its node range, window width and chunking, per stream its feature count, sample count,
 missing-value flag and low-count-row count, and whether any node needs a Cholesky factor) and **per-run arrays**
 (:class:`RunArrays`: window offsets and starts, sample-to-node maps, per-node sample counts, the rows and features
-that fill low-count factors, the Cholesky-node mask, the data ``Y0``, mask, ``S1``, ``S2``, ``n_f`` and
-``n_obs``). :func:`run_loglik_arrays` is the density of one run in this form. Runs of equal signature are stacked
+that fill low-count factors, the Cholesky-node mask, the centred data ``Y0``, mask, ``S1``, ``S2``, ``n_f``, the
+centres and ``n_obs``). :func:`run_loglik_arrays` is the density of one run in this form. Runs of equal signature are stacked
 along a leading axis and evaluated by one ``jax.vmap`` of it (:class:`MultiRunPrepared`, built by
 :func:`msrm.gp.multirun.stack_runs`, which also pads runs of nearly equal size to one signature and places the
 stacks on devices). A per-run :class:`~msrm.gp.prepare.Prepared` is evaluated as one stack of one run per run:
@@ -99,6 +112,10 @@ __all__ = [
     "node_covariance_arrays",
     "covariance_from_response",
     "node_woodbury_matrix",
+    "node_least_squares",
+    "residual_sum_of_squares",
+    "node_data_arrays",
+    "node_data",
     "woodbury_system",
     "woodbury_loglik",
     "run_loglik_arrays",
@@ -191,8 +208,8 @@ class GroupArrays(NamedTuple):
 class StreamArrays(NamedTuple):
     """The arrays of one stream that the node statistics read (one run; leading run axis when stacked).
 
-    Fields: ``Y0`` (n_s, F) values with NaN -> 0; ``mask`` (n_s, F) or None; ``S1``, ``S2``, ``n_f`` (F,) data
-    sums; ``sample_nodes`` (n_s,) node of each sample (``N`` for padding: dropped); ``node_counts`` (N,) samples
+    Fields: ``Y0`` (n_s, F) values centred on ``centre`` with NaN -> 0 (:mod:`msrm.gp.prepare`); ``mask``
+    (n_s, F) or None; ``S1``, ``S2``, ``n_f``, ``centre`` (F,) centred data sums and the centre; ``sample_nodes`` (n_s,) node of each sample (``N`` for padding: dropped); ``node_counts`` (N,) samples
     per node; ``low_rows`` (e,) rows of the flattened (N K, K) factor filled by low-count values (past the end for
     padding: dropped); ``low_feats`` (e,) their features.
     """
@@ -202,6 +219,7 @@ class StreamArrays(NamedTuple):
     S1: Any
     S2: Any
     n_f: Any
+    centre: Any
     sample_nodes: Any
     node_counts: Any
     low_rows: Any
@@ -368,6 +386,7 @@ def run_arrays(run: RunPrepared, sig: Signature) -> RunArrays:
                                    N * K + np.arange(ss.n_low - e)]).astype(np.int64)
         streams.append(StreamArrays(
             Y0=_pad_rows(st.Y0, ss.n_samples, 0.0), mask=mask, S1=st.S1, S2=st.S2, n_f=st.n_f,
+            centre=st.centre,
             sample_nodes=_pad_rows(new_node[sl.sample_nodes], ss.n_samples, N),
             node_counts=counts, low_rows=low_rows,
             low_feats=_pad_rows(sl.low_feats.astype(np.int64), ss.n_low, 0),
@@ -407,32 +426,49 @@ def accumulate_node_statistics(theta, streams, n_nodes: int, n_factors: int, n_o
             ``has_missing``, ``n_features``), ``arrays`` a :class:`StreamArrays`.
         n_nodes, n_factors: N and K. n_obs: observed value count (int or traced).
     Returns:
-        Lambda (N, K, K), eta (N, K), R_rows (N K, K) filled at low-count nodes only, const ().
+        Lambda (N, K, K), eta (N, K), R_rows (N K, K) filled at low-count nodes only, ``log_terms`` ()
+        ``n_obs log 2 pi + log|D|`` and ``rdr`` () ``r^T D^-1 r`` (from the centred sums).
     """
     N, K = n_nodes, n_factors
     Lam = jnp.zeros((N, K, K))
     eta = jnp.zeros((N, K))
     R_rows = jnp.zeros((N * K, K))
-    const = n_obs * _LOG_2PI
+    log_terms = n_obs * _LOG_2PI
+    rdr = 0.0
     for ss, st in streams:
         W = theta["loadings"][ss.key]
-        b = theta["intercepts"][ss.key]
         sd = theta["noise_sd"][ss.key]
+        d = theta["intercepts"][ss.key] - st.centre  # the intercept about the data's centre (see prepare)
         prec = 1.0 / (sd * sd)
         WP = W * prec[:, None]  # (F, K)
         if ss.has_missing:
-            E = st.Y0 @ WP - st.mask @ (b[:, None] * WP)
+            E = st.Y0 @ WP - st.mask @ (d[:, None] * WP)
             outer = (W[:, :, None] * WP[:, None, :]).reshape(ss.n_features, K * K)
             Lam = Lam + jax.ops.segment_sum(st.mask @ outer, st.sample_nodes, num_segments=N).reshape(N, K, K)
         else:
-            E = st.Y0 @ WP - (b @ WP)[None, :]
+            E = st.Y0 @ WP - (d @ WP)[None, :]
             Lam = Lam + jnp.asarray(st.node_counts)[:, None, None] * (W.T @ WP)[None, :, :]
         eta = eta + jax.ops.segment_sum(E, st.sample_nodes, num_segments=N)  # samples at node >= N dropped
-        const = const + jnp.sum((st.S2 - 2.0 * b * st.S1 + st.n_f * b * b) * prec) + jnp.sum(st.n_f * jnp.log(sd * sd))
+        rdr = rdr + jnp.sum((st.S2 - 2.0 * d * st.S1 + st.n_f * d * d) * prec)
+        log_terms = log_terms + jnp.sum(st.n_f * jnp.log(sd * sd))
         if st.low_rows.size:
             R_rows = R_rows.at[st.low_rows].set(W[st.low_feats] / sd[st.low_feats, None], unique_indices=True,
                                                 mode="drop")
-    return Lam, eta, R_rows, const
+    return Lam, eta, R_rows, log_terms, rdr
+
+
+def _node_statistics(theta, sig: Signature, arrays: RunArrays):
+    """(Lambda, eta, R, log_terms, rdr) of one run: :func:`accumulate_node_statistics` with the factors ``R``."""
+    N, K = sig.n_nodes, sig.n_factors
+    terms = zip(sig.streams, arrays.streams)
+    Lam, eta, R_rows, log_terms, rdr = accumulate_node_statistics(theta, terms, N, K, arrays.n_obs)
+    R = R_rows.reshape(N, K, K)
+    if sig.has_chol:
+        m = arrays.chol_mask[:, None, None]
+        # identity where no Cholesky factor is wanted, so every factorization is finite (and its branch unused)
+        L = linalg.small_cholesky(Lam + (1.0 - m) * jnp.eye(K))
+        R = jnp.where(m > 0, jnp.swapaxes(L, -1, -2), R)
+    return Lam, eta, R, log_terms, rdr
 
 
 def node_information_arrays(theta, sig: Signature, arrays: RunArrays):
@@ -448,16 +484,46 @@ def node_information_arrays(theta, sig: Signature, arrays: RunArrays):
         const: scalar ``n_obs log 2 pi + log|D| + r^T D^-1 r``.
         Dummy nodes of a padded run have ``Lambda = 0``, ``eta = 0``, ``R = 0``.
     """
-    N, K = sig.n_nodes, sig.n_factors
-    terms = zip(sig.streams, arrays.streams)
-    Lam, eta, R_rows, const = accumulate_node_statistics(theta, terms, N, K, arrays.n_obs)
-    R = R_rows.reshape(N, K, K)
-    if sig.has_chol:
-        m = arrays.chol_mask[:, None, None]
-        # identity where no Cholesky factor is wanted, so every factorization is finite (and its branch unused)
-        L = linalg.small_cholesky(Lam + (1.0 - m) * jnp.eye(K))
-        R = jnp.where(m > 0, jnp.swapaxes(L, -1, -2), R)
-    return Lam, eta, R, const
+    Lam, eta, R, log_terms, rdr = _node_statistics(theta, sig, arrays)
+    return Lam, eta, R, log_terms + rdr
+
+
+def residual_sum_of_squares(theta, streams, x, n_nodes: int):
+    """``sum m (y - b - W x_u)^2 / sigma^2`` over every observed value, formed value by value.
+
+    Args:
+        theta: constrained parameters. streams: iterable of ``(StreamShape, StreamArrays)``. x: (N, K) one
+            latent vector per node. n_nodes: N (samples mapped to node N are padding and count zero).
+    Returns:
+        () float64. With ``x`` the per-node least-squares fit (:func:`node_least_squares`) this is the
+        within-node residual ``r^T D^-1 r - y~^T y~``, without the cancellation of that difference.
+    """
+    total = 0.0
+    for ss, st in streams:
+        W = theta["loadings"][ss.key]
+        sd = theta["noise_sd"][ss.key]
+        d = theta["intercepts"][ss.key] - st.centre
+        X = x.at[st.sample_nodes].get(mode="fill", fill_value=0.0)  # (n_s, K)
+        e = st.Y0 - d[None, :] - X @ W.T  # (y - c) - (b - c) - W x, per value
+        weight = st.mask if ss.has_missing else (st.sample_nodes < n_nodes)[:, None].astype(e.dtype)
+        e = e * weight
+        total = total + jnp.sum((e * e) @ (1.0 / (sd * sd)))
+    return total
+
+
+def node_data_arrays(theta, sig: Signature, arrays: RunArrays):
+    """What the node-space density reads from the data, in its accurate form (module docstring).
+
+    Returns:
+        y: (N, K) whitened node data (:func:`node_least_squares`).
+        R: (N, K, K) node factors (:func:`node_information_arrays`).
+        data_term: () ``n_obs log 2 pi + log|D| + sum m (y - b - W x_u)^2 / sigma^2`` with ``x_u`` each node's
+            least-squares fit.
+    """
+    _, eta, R, log_terms, _ = _node_statistics(theta, sig, arrays)
+    y, x = node_least_squares(eta, R)
+    rss = residual_sum_of_squares(theta, zip(sig.streams, arrays.streams), x, sig.n_nodes)
+    return y, R, log_terms + rss
 
 
 # ------------------------------------------------------------------------------------------ node covariance
@@ -578,34 +644,63 @@ def _woodbury_bwd(res, G):
 node_woodbury_matrix.defvjp(_woodbury_fwd, _woodbury_bwd)
 
 
-def woodbury_system(eta, R, C):
-    """The node-space pieces shared by the density and the pointwise terms: ``(C, C eta, v, M)``.
+def node_least_squares(eta, R):
+    """Per node, the whitened data ``y~`` (N, K) and the least-squares latent fit ``x`` (N, K).
+
+    ``y~_u`` solves ``R_u^T y~_u = eta_u`` and ``x_u`` solves ``R_u x_u = y~_u`` (so ``Lambda_u x_u = eta_u``):
+    ``x_u`` is the node's own weighted least-squares estimate of its latent vector and ``y~_u`` its data in the
+    coordinates where the noise is white. Where ``R_u`` is an upper-triangular factor with a non-zero diagonal
+    (``chol(Lambda_u)^T``) both are triangular solves. Otherwise (a low-count node: at most K stacked rows
+    ``w_f / sigma_f``, zero rows padding; or a padding node, all zero) the minimum-norm solutions with
+    ``G_u = R_u R_u^T + Z_u``, ``Z_u`` the indicator of the zero rows: ``y~_u = G_u^{-1} R_u eta_u`` (unique:
+    ``eta_u`` lies in the row space of ``R_u``; on those rows ``y~_u`` is each value's ``(y - b) / sigma``) and
+    ``x_u = R_u^T G_u^{-1} y~_u``, which fits those values exactly. Every solve is K x K, unrolled over the
+    batch of nodes (no LAPACK call).
+    """
+    K = R.shape[-1]
+    eye = jnp.eye(K)
+    diag = jnp.diagonal(R, axis1=-2, axis2=-1)
+    tri = jnp.all(jnp.tril(R, -1) == 0, axis=(-2, -1)) & jnp.all(diag != 0, axis=-1)  # (N,)
+    t1, t3 = tri[:, None], tri[:, None, None]
+    U = jnp.where(t3, R, eye)  # upper triangular
+    y_tri = linalg.small_lower_solve(jnp.swapaxes(U, -1, -2), eta)
+    x_tri = linalg.small_upper_solve(U, y_tri)
+    Rg = jnp.where(t3, 0.0, R)
+    zero_rows = jnp.where(t1, 1.0, jnp.all(R == 0, axis=-1).astype(R.dtype))  # (N, K)
+    Lg = linalg.small_cholesky(jnp.einsum("uak,ubk->uab", Rg, Rg) + zero_rows[:, :, None] * eye)
+
+    def gram_solve(b):
+        return linalg.small_upper_solve(jnp.swapaxes(Lg, -1, -2), linalg.small_lower_solve(Lg, b))
+
+    y_low = gram_solve(jnp.einsum("uak,uk->ua", Rg, jnp.where(t1, 0.0, eta)))
+    x_low = jnp.einsum("uak,ua->uk", Rg, gram_solve(y_low))
+    return jnp.where(t1, y_tri, y_low), jnp.where(t1, x_tri, x_low)
+
+
+def woodbury_system(R, C):
+    """The node-space matrices shared by the density and the latent conditional: ``(C, M)``.
 
     ``C`` (K, N, N) is returned exactly symmetric (``A K_k A^T`` is symmetric only to rounding), so that
-    ``M = I + R C R^T`` (NK, NK) is bitwise symmetric and the factorization can skip its own symmetrisation;
-    ``C eta`` is (N, K) in (node, factor) order and ``v = R C eta`` is (NK,).
+    ``M = I + R C R^T`` (NK, NK) is bitwise symmetric and the factorization can skip its own symmetrisation.
     """
-    N, K = eta.shape
+    N, K = R.shape[0], R.shape[-1]
     C = 0.5 * (C + jnp.swapaxes(C, -1, -2))
-    Ce = jnp.einsum("kuv,vk->uk", C, eta)
-    v = jnp.einsum("uak,uk->ua", R, Ce).reshape(N * K)
-    M = jnp.eye(N * K) + node_woodbury_matrix(R, C).reshape(N * K, N * K)
-    return C, Ce, v, M
+    return C, jnp.eye(N * K) + node_woodbury_matrix(R, C).reshape(N * K, N * K)
 
 
-def woodbury_loglik(eta, R, C, const, method: str):
-    """The node-space Woodbury log density of one run from its node quantities (module docstring).
+def woodbury_loglik(y, R, C, data_term, method: str):
+    """The node-space Woodbury log density of one run (module docstring).
 
     Args:
-        eta: (N, K) node statistics. R: (N, K, K) factors of ``Lambda_u``. C: (K, N, N) node covariances.
-        const: scalar ``n_obs log 2 pi + log|D| + r^T D^-1 r``. method: quad_logdet method.
+        y: (N, K) whitened node data. R: (N, K, K) node factors. C: (K, N, N) node covariances.
+        data_term: scalar ``n_obs log 2 pi + log|D| + r^T D^-1 r - y^T y`` (the within-node residual).
+        method: quad_logdet method.
     Returns:
         (value, event): float64 scalar, int32 scalar.
     """
-    C, Ce, v, M = woodbury_system(eta, R, C)
-    eta_C_eta = jnp.sum(eta * Ce)
-    quad, logdet, event = linalg.quad_logdet(M, v, method=method, symmetric=True)
-    return -0.5 * (const - eta_C_eta + quad + logdet), event
+    _, M = woodbury_system(R, C)
+    quad, logdet, event = linalg.quad_logdet(M, y.reshape(-1), method=method, symmetric=True)
+    return -0.5 * (data_term + quad + logdet), event
 
 
 def run_loglik_arrays(theta, sig: Signature, dist, arrays: RunArrays):
@@ -617,9 +712,9 @@ def run_loglik_arrays(theta, sig: Signature, dist, arrays: RunArrays):
     Returns:
         (value, event): float64 scalar, int32 scalar.
     """
-    _, eta, R, const = node_information_arrays(theta, sig, arrays)
+    y, R, data_term = node_data_arrays(theta, sig, arrays)
     C = node_covariance_arrays(theta, sig, dist, arrays)
-    return woodbury_loglik(eta, R, C, const, sig.method)
+    return woodbury_loglik(y, R, C, data_term, sig.method)
 
 
 # ------------------------------------------------------------------------------------------ one prepared run
@@ -629,6 +724,11 @@ def node_information(theta, run: RunPrepared):
     """:func:`node_information_arrays` of one prepared run on its own: ``(Lambda, eta, R, const)`` with N its
     node count."""
     return node_information_arrays(theta, *_own_arrays(run))
+
+
+def node_data(theta, run: RunPrepared):
+    """:func:`node_data_arrays` of one prepared run on its own: ``(y~, R, data_term)``."""
+    return node_data_arrays(theta, *_own_arrays(run))
 
 
 def response_matrix(theta, layout: RunLayout):

@@ -6,14 +6,20 @@ A prepared run is a :class:`RunPrepared` NamedTuple with two parts:
   sample-to-node maps and the per-node choice of the factor ``R_u`` (below). It is a JAX pytree node **without
   leaves**, compared by identity, so a whole prepared object can be handed to ``jax.jit`` as an argument: only
   the data arrays are traced, the layout travels in the tree structure.
-* ``streams`` (tuple of :class:`StreamStats`): the data arrays of each stream (values with NaN -> 0, the
-  observation mask when something is missing) and its constant data terms, computed once:
+* ``streams`` (tuple of :class:`StreamStats`): the data arrays of each stream and its constant data terms,
+  computed once. Every feature is first **centred** on its observed mean ``c_f`` (a constant of the data, not a
+  parameter): ``Y0 = m (y - c)`` with NaN -> 0, and
 
   .. math::
 
-      S_{1,f} = \sum_i m_{if} y_{if}, \qquad S_{2,f} = \sum_i m_{if} y_{if}^2, \qquad n_f = \sum_i m_{if},
+      S_{1,f} = \sum_i m_{if} (y_{if} - c_f), \qquad S_{2,f} = \sum_i m_{if} (y_{if} - c_f)^2,
+      \qquad n_f = \sum_i m_{if},
 
-  so that ``r^T D^-1 r = sum_f (S2_f - 2 b_f S1_f + n_f b_f^2) / sigma_f^2`` needs no pass over the data.
+  so that with ``d_f = b_f - c_f``, ``r^T D^-1 r = sum_f (S2_f - 2 d_f S1_f + n_f d_f^2) / sigma_f^2`` needs no
+  pass over the data. Centring is what keeps this sum accurate: raw scanner values of 1e3-1e8 would make
+  ``S2``, ``2 b S1`` and ``n b^2`` agree in their leading digits and cancel (an error of ``eps n b^2 / sigma^2``
+  nats); about the mean ``S1`` is zero to rounding and the three terms are non-negative or negligible, so the
+  sum is accurate to ``eps`` times itself whatever the offset.
 
 **The factor R_u** (``Lambda_u = R_u^T R_u``, K x K). A node's information matrix
 ``Lambda_u = sum W^T diag(m / sigma^2) W`` sums one rank-one term ``w_f w_f^T / sigma_f^2`` per observed feature
@@ -29,6 +35,7 @@ observed value of a low-count node fills.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -56,14 +63,15 @@ __all__ = [
 
 
 class StreamStats(NamedTuple):
-    """Data arrays of one stream in one run (the traced leaves).
+    """Data arrays of one stream, centred per feature (module docstring).
 
     Fields:
-        Y0: (n_s, F) values with NaN replaced by 0.
+        Y0: (n_s, F) ``y - c`` where observed, 0.0 where missing.
         mask: (n_s, F) 1.0 where observed, 0.0 where missing; ``None`` when nothing is missing.
-        S1: (F,) ``sum_i m y``.
-        S2: (F,) ``sum_i m y^2``.
+        S1: (F,) ``sum_i m (y - c)`` (zero to rounding).
+        S2: (F,) ``sum_i m (y - c)^2``.
         n_f: (F,) observed count per feature.
+        centre: (F,) ``c``, the observed mean of each feature.
     """
 
     Y0: np.ndarray
@@ -71,19 +79,23 @@ class StreamStats(NamedTuple):
     S1: np.ndarray
     S2: np.ndarray
     n_f: np.ndarray
+    centre: np.ndarray
 
 
 def prepare_stream_stats(stream: Stream) -> StreamStats:
-    """Per-stream data arrays and constant data terms (shared by every backend)."""
+    """Per-stream centred data arrays and constant data terms (shared by every backend)."""
     observed = stream.mask
-    Y0 = np.where(observed, stream.values, 0.0)
     m = observed.astype(np.float64)
+    n_f = m.sum(axis=0)
+    centre = np.where(observed, stream.values, 0.0).sum(axis=0) / np.maximum(n_f, 1.0)
+    Y0 = np.where(observed, stream.values - centre, 0.0)
     return StreamStats(
         Y0=Y0,
         mask=None if observed.all() else m,
         S1=Y0.sum(axis=0),
         S2=(Y0 * Y0).sum(axis=0),
-        n_f=m.sum(axis=0),
+        n_f=n_f,
+        centre=centre,
     )
 
 
@@ -140,7 +152,8 @@ class RunLayout:
 
     Fields:
         n_nodes: N. n_grid: J. n_factors: K. n_obs: observed scalars. kernel: Matérn name.
-        grid: (J,) latent grid. dist: (J, J) grid distances.
+        grid: (J,) latent grid. dist: (J, J) grid distances, computed on first use and kept (the dense and
+        grouped covariances read them; the state-space backend never does, so a long grid costs it O(J)).
         node_group, node_time: (N,) node table.
         node_rows: (N,) observed feature rows per node.
         groups: tuple of GroupLayout. streams: tuple of StreamLayout (same order as RunPrepared.streams).
@@ -155,7 +168,6 @@ class RunLayout:
     n_obs: int
     kernel: str
     grid: np.ndarray
-    dist: np.ndarray
     node_group: np.ndarray
     node_time: np.ndarray
     node_rows: np.ndarray
@@ -164,6 +176,11 @@ class RunLayout:
     chol_nodes: np.ndarray
     method: str
     grouped: bool
+
+    @functools.cached_property
+    def dist(self) -> np.ndarray:
+        """(J, J) ``|tau_i - tau_j|`` (O(J^2) memory: built only by the backends that read it)."""
+        return grid_distances(self.grid)
 
 
 jax.tree_util.register_pytree_node(RunLayout, lambda layout: ((), layout), lambda layout, _: layout)
@@ -258,7 +275,6 @@ def prepare_run(
         n_obs=int(sum(st.n_f.sum() for st in stats)),
         kernel=spec.kernel,
         grid=grid,
-        dist=grid_distances(grid),
         node_group=nodes.node_group,
         node_time=nodes.node_time,
         node_rows=node_rows,

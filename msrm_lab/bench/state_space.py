@@ -340,11 +340,12 @@ def grouped_parts(model, u, seed: int = 0) -> dict:
     """The grouped likelihood of the model's largest run cut into the three pieces its value and gradient are made
     of, each a jitted ``jax.value_and_grad`` called with no arguments (outputs synchronised by the caller):
 
-    * ``statistics``: the node statistics ``(eta, R, const)`` (:func:`msrm.gp.likelihood.node_information`);
+    * ``statistics``: the node data ``(y~, R, data_term)`` (:func:`msrm.gp.likelihood.node_data`: the node
+      statistics, each node's least-squares fit and the residual sum of squares formed value by value);
     * ``covariance``: the node covariances ``C_k = A K_k A^T`` (:func:`msrm.gp.likelihood.node_covariance`,
       chunked window products where the layout allows);
-    * ``woodbury``: :func:`msrm.gp.likelihood.woodbury_loglik` of the run's own ``(eta, R, C)``: symmetrising
-      ``C``, building ``M = I + R C R^T``, the factorization and the Woodbury backward to ``(eta, R, C)``.
+    * ``woodbury``: :func:`msrm.gp.likelihood.woodbury_loglik` of the run's own ``(y~, R, C)``: symmetrising
+      ``C``, building ``M = I + R C R^T``, the factorization and the Woodbury backward to ``(y~, R, C)``.
 
     The first two are differentiated from the constrained parameters ``theta`` through a fixed random cotangent of
     their outputs (a scalar ``sum(out * G)``), so each runs its forward and its reverse pass once, as inside the
@@ -364,26 +365,26 @@ def grouped_parts(model, u, seed: int = 0) -> dict:
     index = max(range(len(runs)), key=lambda i: int(runs[i].layout.n_nodes))
     run = runs[index]
     theta = transforms.constrain(jnp.asarray(u), model.blocks)[0]
-    _, eta, R, const = lk.node_information(theta, run)
+    y, R, data_term = lk.node_data(theta, run)
     C = lk.node_covariance(theta, run.layout)
     rng = np.random.default_rng(seed)
-    g_eta, g_R, g_C = (jnp.asarray(rng.normal(size=x.shape)) for x in (eta, R, C))
+    g_y, g_R, g_C = (jnp.asarray(rng.normal(size=x.shape)) for x in (y, R, C))
 
     def statistics(th):
-        _, e, r, c = lk.node_information(th, run)
-        return jnp.sum(e * g_eta) + jnp.sum(r * g_R) + c
+        e, r, c = lk.node_data(th, run)
+        return jnp.sum(e * g_y) + jnp.sum(r * g_R) + c
 
     def covariance(th):
         return jnp.sum(lk.node_covariance(th, run.layout) * g_C)
 
     def woodbury(e, r, c):
-        return lk.woodbury_loglik(e, r, c, const, run.layout.method)[0]
+        return lk.woodbury_loglik(e, r, c, data_term, run.layout.method)[0]
 
     stats_vg = jax.jit(jax.value_and_grad(statistics))
     cov_vg = jax.jit(jax.value_and_grad(covariance))
     wood_vg = jax.jit(jax.value_and_grad(woodbury, argnums=(0, 1, 2)))
     return dict(statistics=lambda: stats_vg(theta), covariance=lambda: cov_vg(theta),
-                woodbury=lambda: wood_vg(eta, R, C), loglik=float(wood_vg(eta, R, C)[0]),
+                woodbury=lambda: wood_vg(y, R, C), loglik=float(wood_vg(y, R, C)[0]),
                 run_index=index, run_nodes=int(run.layout.n_nodes))
 
 

@@ -62,6 +62,8 @@ _LAZY = {
     "EVENT_NONFINITE": (".ladder", "EVENT_NONFINITE"),
     "native_factor": (".native", "native_factor"),
     "small_cholesky": (".native", "small_cholesky"),
+    "small_lower_solve": (".native", "small_lower_solve"),
+    "small_upper_solve": (".native", "small_upper_solve"),
     "SMALL_CHOLESKY_MAX": (".native", "SMALL_CHOLESKY_MAX"),
     "per_item_on_cpu": (".compat", "per_item_on_cpu"),
     "callback_threads": ("msrm.runtime", "callback_threads"),

@@ -23,7 +23,8 @@ from jax import lax
 
 from .ladder import EVENT_EIGH_FALLBACK, EVENT_NONFINITE, N_JITTER, jitter_levels
 
-__all__ = ["SMALL_CHOLESKY_MAX", "small_cholesky", "native_factor", "native_quad_logdet"]
+__all__ = ["SMALL_CHOLESKY_MAX", "small_cholesky", "small_lower_solve", "small_upper_solve", "native_factor",
+           "native_quad_logdet"]
 
 #: Largest K for which :func:`small_cholesky` unrolls the factorization into elementwise operations.
 SMALL_CHOLESKY_MAX = 12
@@ -59,6 +60,39 @@ def small_cholesky(A):
     zero = jnp.zeros_like(A[..., 0, 0])
     return jnp.stack([jnp.stack([L[i][j] if j <= i else zero for j in range(K)], axis=-1) for i in range(K)],
                      axis=-2)
+
+
+def small_lower_solve(L, b):
+    """``x = L^{-1} b`` for a batch of small lower-triangular ``L`` (..., K, K) and ``b`` (..., K).
+
+    Forward substitution unrolled into elementwise operations over the batch for ``K <= SMALL_CHOLESKY_MAX``
+    (as :func:`small_cholesky`, no LAPACK call); larger K uses ``jax.lax.linalg.triangular_solve``.
+    """
+    K = L.shape[-1]
+    if K > SMALL_CHOLESKY_MAX:
+        return lax.linalg.triangular_solve(L, b[..., None], left_side=True, lower=True)[..., 0]
+    x = []
+    for i in range(K):
+        t = b[..., i]
+        for k in range(i):
+            t = t - L[..., i, k] * x[k]
+        x.append(t / L[..., i, i])
+    return jnp.stack(x, axis=-1)
+
+
+def small_upper_solve(U, b):
+    """``x = U^{-1} b`` for a batch of small upper-triangular ``U`` (..., K, K) and ``b`` (..., K) (back
+    substitution, unrolled like :func:`small_lower_solve`)."""
+    K = U.shape[-1]
+    if K > SMALL_CHOLESKY_MAX:
+        return lax.linalg.triangular_solve(U, b[..., None], left_side=True, lower=False)[..., 0]
+    x = [None] * K
+    for i in range(K - 1, -1, -1):
+        t = b[..., i]
+        for k in range(i + 1, K):
+            t = t - U[..., i, k] * x[k]
+        x[i] = t / U[..., i, i]
+    return jnp.stack(x, axis=-1)
 
 
 def _chol_ok(L):
