@@ -29,8 +29,8 @@ import pandas as pd
 
 from . import book as mb
 
-__all__ = ["GPU_NOT_MEASURED", "NUTS_PHASES", "cost_curves", "feature_sweep", "nuts_phases", "recovery_fit",
-           "recovered_latents"]
+__all__ = ["GPU_NOT_MEASURED", "NUTS_PHASES", "accuracy_sweep", "cost_curves", "feature_sweep", "nuts_phases",
+           "recovery_fit", "recovered_latents"]
 
 GPU_NOT_MEASURED = "GPU: not measured in this build"
 # the phases of msrm.gp.posterior.sample in the order they run (msrm_lab.bench.nuts.PHASES less "total")
@@ -328,6 +328,51 @@ def feature_sweep(df: pd.DataFrame, *, notebook: str = "gp_grouped", experiment:
     _legend(ax, df, loc="upper left")
     if ax2.get_legend_handles_labels()[0]:
         ax2.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- accuracy_sweep
+_SWEEP_AXES = (("snr", "loading / noise sd"), ("offset", "intercept / noise sd"),
+               ("lengthscale", "lengthscale / grid step (noise 1e-3)"), ("noise", "noise sd / loading"))
+
+
+def accuracy_sweep(df: pd.DataFrame, *, notebook: str = "reliability", experiment: str = "accuracy",
+                   kernel: str = "matern52") -> Any:
+    """The accuracy sweep: each backend's log-density error against the 50-digit reference, one panel per swept
+    quantity (:mod:`msrm_lab.bench.accuracy`), for one kernel on the first device that has the rows.
+
+    Returns:
+        the Figure: absolute error in nats (log scale, exact agreement drawn at 1e-16) against the swept ratio, one
+        series per backend; the contract's 1e-3 nats as a dashed line; a case that warned or raised drawn hollow.
+    """
+    _check_frame(df)
+    fig, axes = _figure(ncols=4, figsize=(11.0, 3.4), sharey=True)
+    rows = _rows(df, notebook, experiment, "density_error_nats")
+    rows = rows[rows["status"] == "measured"] if len(rows) else rows
+    if len(rows) and "kernel" in rows:
+        rows = rows[rows["kernel"] == kernel]
+    device = sorted(rows["device"].unique())[0] if len(rows) else None
+    if device is not None:
+        rows = rows[rows["device"] == device]
+    for ax, (axis, xlabel) in zip(axes[0], _SWEEP_AXES):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.axhline(1e-3, color="crimson", linestyle="--", lw=1.0, label="contract (1e-3 nats)")
+        sub = rows[rows["axis"] == axis] if len(rows) else rows
+        for i, (backend, g) in enumerate(sub.groupby("backend", sort=True) if len(sub) else []):
+            g = g.assign(x=g["ratio"].map(_num), y=g["value"].map(lambda v: max(abs(_num(v)), 1e-16))).sort_values("x")
+            ax.plot(g["x"], g["y"], marker="o", lw=1.2, color=f"C{i}", label=backend, alpha=0.85)
+            loud = g[g["outcome"].isin(["warned", "raised"])]
+            if len(loud):
+                ax.scatter(loud["x"], loud["y"], s=90, facecolors="none", edgecolors=f"C{i}")
+        if sub is None or not len(sub):
+            _empty(ax, "no rows")
+    axes[0][0].set_ylabel("|log density error| (nats)")
+    axes[0][0].set_ylim(1e-17, 1e4)
+    title = f"{kernel}, {device}" if device else kernel
+    fig.suptitle(f"Log density against the 50-digit reference ({title}); hollow: warned or refused", fontsize=10)
+    axes[0][-1].legend(fontsize=8, loc="upper right")
     return fig
 
 

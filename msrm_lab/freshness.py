@@ -70,8 +70,10 @@ MEASURED_PATHS: dict[str, tuple[str, ...]] = {
                     "data_synth/") + _GP,
     # bench/scaling.py: GPMSRM both backends, msrm.fit_rmsrm, msrm.data.split_run, msrm.gp.memory
     "scaling": (_BENCH + "scaling.py", _MEASURE, "data_synth/") + _GP + ("msrm/rmsrm/",),
-    # bench/reliability.py: the fault catalogue over the whole library, atomic archives, crash tests
-    "reliability": (_BENCH + "reliability.py", "msrm_lab/reliability/", "data_synth/", "msrm/"),
+    # bench/reliability.py: the fault catalogue over the whole library, atomic archives, crash tests;
+    # bench/accuracy.py: every backend against the 50-digit reference of msrm_lab/precision.py
+    "reliability": (_BENCH + "reliability.py", _BENCH + "accuracy.py", "msrm_lab/precision.py",
+                    "msrm_lab/reliability/", "data_synth/", "msrm/"),
     # bench/latent.py: GPMSRM latent posteriors (conditional, RTS smoother)
     "latent": (_BENCH + "latent.py", _MEASURE, "data_synth/") + _GP,
     # bench/model_checking.py: msrm.validation.cross_validate over msrm.fit_rmsrm (and GP-MAP)
