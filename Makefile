@@ -17,7 +17,7 @@ PYTHON_BOOT := $(call first_python,$(PY312_CANDIDATES) $(PY311_CANDIDATES) pytho
 endif
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
-EXTRAS      ?= bayes,dask,book,test,plot
+EXTRAS      ?= bayes,dask,book,test,plot,bids
 # make test-oldest: Python 3.11 with the oldest supported JAX, NumPyro and ArviZ (constraints/oldest.txt)
 ifeq ($(origin PYTHON_OLDEST),undefined)
 PYTHON_OLDEST := $(call first_python,$(PY311_CANDIDATES))

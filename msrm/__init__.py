@@ -39,6 +39,7 @@ _LAZY = {
     "parallel": ("msrm.parallel", None),
     "HRF": ("msrm.responses", "HRF"),
     "plot": ("msrm.plot", None),  # imports matplotlib only inside its functions
+    "bids": ("msrm.bids", None),  # imports nibabel and nilearn only inside its functions
 }
 
 
