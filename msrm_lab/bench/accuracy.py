@@ -45,7 +45,7 @@ AXES = {
 SIZES = {
     "smoke": dict(kernels=("matern32",), axes={"snr": [1.0, 1e4], "offset": [1e9]}, backends=("grouped",),
                   gradient=False, latent=False),
-    "quick": dict(kernels=("matern32", "matern52"), axes=AXES, backends=("dense", "grouped", "state_space"),
+    "quick": dict(kernels=("matern52",), axes=AXES, backends=("dense", "grouped", "state_space"),
                   gradient=False, latent=False),
     "note": dict(kernels=("matern12", "matern32", "matern52", "matern72"), axes=AXES,
                  backends=("dense", "grouped", "state_space"), gradient=True, latent=True),
