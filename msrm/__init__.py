@@ -40,6 +40,7 @@ _LAZY = {
     "HRF": ("msrm.responses", "HRF"),
     "plot": ("msrm.plot", None),  # imports matplotlib only inside its functions
     "bids": ("msrm.bids", None),  # imports nibabel and nilearn only inside its functions
+    "variance_explained": ("msrm.explain", "variance_explained"),  # imports xarray only inside its functions
 }
 
 

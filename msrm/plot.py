@@ -18,7 +18,7 @@ import numpy as np
 
 from .latent import LatentPosterior, Prediction
 
-__all__ = ["latents", "prediction", "loadings", "response_posterior", "band_z"]
+__all__ = ["latents", "prediction", "loadings", "response_posterior", "band_z", "variance_explained"]
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -379,4 +379,76 @@ def response_posterior(post_or_idata, names: Sequence[str] | None = None, *, tru
             ax.axvline(true[name], color="k", ls="--", lw=1.0)
         ax.set_title(name.removeprefix("response/"), fontsize="small")
     panels[0].set_ylabel("posterior density")
+    return fig
+
+
+# ------------------------------------------------------------------------------------------ variance explained
+
+
+def variance_explained(da, ax=None, *, cmap: str = "Blues", annotate: bool = True):
+    """Heatmaps of the variance explained (R²) by each factor, factors x participants, one panel per modality.
+
+    A panel shows the participants that have a stream of its modality (the others are NaN in ``da``). The colour
+    scale is shared by the panels, from ``min(0, smallest R²)`` to the largest R², and one colour bar serves them
+    all.
+
+    Args:
+        da: ``msrm.variance_explained(...)``, an ``xarray.DataArray`` with dims (factor, participant, modality).
+        ax: one axes per modality (a single Axes when there is one modality); default: a new figure with the
+            panels side by side.
+        cmap: a sequential matplotlib colormap.
+        annotate: write each value in its cell.
+    Returns:
+        the Figure (one image per modality plus the colour bar's axes).
+    Raises:
+        ValueError: not a DataArray with dims factor, participant and modality; a wrong number of axes.
+    """
+    import matplotlib.pyplot as plt
+
+    dims = getattr(da, "dims", None)
+    if dims is None or not hasattr(da, "transpose") or set(dims) != {"factor", "participant", "modality"}:
+        raise ValueError(f"da must be an xarray.DataArray with dims (factor, participant, modality) from "
+                         f"msrm.variance_explained; got {type(da).__name__} with dims {dims}")
+    da = da.transpose("factor", "participant", "modality")
+    values = np.asarray(da.values, dtype=np.float64)
+    factors = [str(f) for f in da["factor"].values]
+    participants = [str(p) for p in da["participant"].values]
+    modalities = [str(m) for m in da["modality"].values]
+    if not modalities or not factors or not participants:
+        raise ValueError(f"da has no values to draw (sizes {dict(da.sizes)})")
+    finite = values[np.isfinite(values)]
+    vmin = min(0.0, float(finite.min())) if finite.size else 0.0
+    vmax = float(finite.max()) if finite.size else 1.0
+    if vmax <= vmin:
+        vmax = vmin + 1.0
+    if ax is None:
+        width = 1.5 + 0.6 * values.shape[1] + 1.2 * len(modalities)
+        fig, made = plt.subplots(1, len(modalities), squeeze=False, figsize=(width, 1.5 + 0.5 * len(factors)))
+        panels = list(made[0])
+    else:
+        panels = list(np.ravel(np.asarray(ax, dtype=object)))
+        if len(panels) != len(modalities):
+            raise ValueError(f"ax: {len(panels)} axes given for {len(modalities)} modalities")
+        fig = panels[0].figure
+    image = None
+    for j, (panel, modality) in enumerate(zip(panels, modalities)):
+        block = values[:, :, j]
+        shown = [i for i in range(len(participants)) if np.isfinite(block[:, i]).any()]
+        shown = shown or list(range(len(participants)))
+        block = block[:, shown]
+        image = panel.imshow(block, aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax)
+        panel.set_title(modality, fontsize="small")
+        panel.set_xticks(range(len(shown)))
+        panel.set_xticklabels([participants[i] for i in shown], rotation=90, fontsize="small")
+        panel.set_yticks(range(len(factors)))
+        panel.set_yticklabels(factors if j == 0 else [], fontsize="small")
+        panel.set_xlabel("participant")
+        if annotate:
+            for (f, i), v in np.ndenumerate(block):
+                if np.isfinite(v):
+                    dark = (v - vmin) / (vmax - vmin) > 0.6
+                    panel.text(i, f, f"{v:.2f}", ha="center", va="center", fontsize="x-small",
+                               color="white" if dark else "black")
+    panels[0].set_ylabel("factor")
+    fig.colorbar(image, ax=panels, label="variance explained (R²)")
     return fig
