@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import datetime as _dt
 import functools
+import math
 import os
 import platform as _platform
 import subprocess
@@ -31,6 +32,7 @@ __all__ = [
     "blas_threads",
     "blas_limit",
     "step_blas_threads",
+    "dense_blas_threads",
     "step_blas_limit",
     "fixed_step_threads",
     "STEP_KINDS",
@@ -42,6 +44,7 @@ __all__ = [
     "callback_threads",
     "callback_thread_count",
     "callback_blas_limit",
+    "filter_thread_count",
     "physical_cores",
     "cpu_model",
     "cpu_vector_level",
@@ -61,6 +64,7 @@ class OversubscriptionWarning(RuntimeWarning):
 
 _STATE: dict[str, Any] = {"blas_threads": None, "platform": None, "preallocate": None, "host_memory": None,
                           "callback_threads": None, "compilation_cache": None, "step_threads": None,
+                          "fixed_threads": None,
                           "xla_cpu_optimization": "auto"}
 
 HOST_MEMORY_MODES = ("reuse", "system")
@@ -147,8 +151,11 @@ def configure(platform: str | None = None, blas_threads: int | None = None, prea
             initialises its backends.
         blas_threads: threads for BLAS/LAPACK in this process. When given, the limit is applied process-wide
             through threadpoolctl (JAX's CPU Cholesky, LU and triangular solves call the same OpenBLAS as SciPy),
-            and msrm's LAPACK callbacks use it too. ``None`` leaves the libraries' defaults and gives msrm's
-            callbacks the physical core count. A value above the physical cores warns.
+            and msrm's own choices use it as given: R-MSRM's steps (:func:`step_blas_threads`), the LAPACK
+            callback (:func:`callback_thread_count`) and the state-space host filter when its largest product
+            reaches :data:`DENSE_THREAD_MIN_FLOPS` (:func:`filter_thread_count`). ``None`` leaves the libraries'
+            defaults, and msrm chooses a count per call from the size of the work and the cores the load average
+            leaves idle (:func:`dense_blas_threads`). A value above the physical cores warns.
         preallocate: GPU memory preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE``); off by default so peak
             memory can be measured and shared cards are not grabbed whole.
         host_memory: ``"reuse"`` (default) keeps large host buffers in the heap between calls, ``"system"``
@@ -263,9 +270,18 @@ def compilation_cache() -> str | None:
 
 
 def blas_threads() -> int:
-    """Threads msrm gives BLAS/LAPACK calls: the configured value, else the physical core count."""
-    n = _STATE["blas_threads"]
-    return int(n) if n is not None else physical_cores()
+    """Threads msrm gives BLAS/LAPACK calls: a :func:`fixed_step_threads` count, else the configured value, else the
+    physical core count."""
+    n = _explicit_threads()
+    return n if n is not None else physical_cores()
+
+
+def _explicit_threads() -> int | None:
+    """The count set for every step: a :func:`fixed_step_threads` block's, else :func:`configure`'s, else None."""
+    n = _STATE["fixed_threads"]
+    if n is None:
+        n = _STATE["blas_threads"]
+    return None if n is None else int(n)
 
 
 @functools.lru_cache(maxsize=1)
@@ -304,8 +320,14 @@ DENSE_THREAD_MIN_FLOPS = 1.0e8
 
 
 def idle_cores() -> int:
-    """Cores not busy with other work: the usable cores (:func:`physical_cores`, within this process's affinity)
-    less the 1-minute load average beyond this process's own running thread, at least 1.
+    r"""Cores not busy with other work: the usable cores (:func:`physical_cores`, within this process's affinity)
+    less the 1-minute load average beyond this process's own running thread, at least 1:
+
+    .. math::
+
+        \mathrm{idle} = \max\bigl(1,\ \min\bigl(C,\ \lfloor C - \max(0,\ L_1 - 1) \rfloor\bigr)\bigr),
+
+    with ``C`` the usable cores and ``L_1`` the 1-minute load average (``os.getloadavg``, read once per call).
 
     The load average counts runnable threads over the whole machine, this process's included, and trails by
     about a minute; it is the only load figure every Linux and macOS process can read cheaply."""
@@ -317,19 +339,44 @@ def idle_cores() -> int:
     return max(1, min(cores, int(cores - max(0.0, load - 1.0) + 1e-9)))
 
 
+def _check_flops(flops) -> float:
+    if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not flops >= 0:
+        raise ValueError(f"flops must be a number >= 0, got {flops!r}")
+    return float(flops)
+
+
+def dense_blas_threads(flops: float) -> int:
+    r"""The automatic BLAS thread count for dense work whose largest BLAS call takes ``flops`` floating-point
+    operations (``2 m n k`` for a product):
+
+    .. math::
+
+        n(f) = \begin{cases} 1 & f < F_0 \\ \mathrm{idle} & f \ge F_0 \end{cases}
+
+    with ``F_0`` = :data:`DENSE_THREAD_MIN_FLOPS` and ``idle`` = :func:`idle_cores`. The load average is read only
+    when ``f >= F_0``. Explicit counts (:func:`configure`, :func:`fixed_step_threads`, :func:`callback_threads`)
+    are applied by the callers: :func:`step_blas_threads` (R-MSRM's steps), :func:`callback_thread_count` (the
+    LAPACK callback) and :func:`filter_thread_count` (the state-space host filter)."""
+    if _check_flops(flops) < DENSE_THREAD_MIN_FLOPS:
+        return 1
+    return idle_cores()
+
+
 def step_blas_threads(kind: str, flops: float = 0.0) -> int:
     """BLAS/LAPACK threads for one numerical step of a fit (R-MSRM's latent, loadings and response steps).
 
     The rule:
 
-    * an explicit :func:`configure` ``blas_threads=n`` is used as given, for every step;
+    * an explicit count (:func:`fixed_step_threads`, else :func:`configure` ``blas_threads=n``) is used as given,
+      for every step;
     * ``"banded"`` (banded Cholesky and solves, ``scipy.linalg.cholesky_banded``/``solveh_banded``): one
       thread. LAPACK's banded factorization works in blocks of the bandwidth, tens of rows for R-MSRM, and each
       block calls BLAS on products too small to split: extra OpenBLAS threads add only wake-ups, and on a
       machine busy with other work they wait for cores, so the step slows down many times instead of speeding
       up;
-    * ``"dense"`` (products and small dense solves) with ``flops`` the size of its largest product: one thread
-      below :data:`DENSE_THREAD_MIN_FLOPS`, else the cores not busy now (:func:`idle_cores`).
+    * ``"dense"`` (products and small dense solves) with ``flops`` the size of its largest product:
+      :func:`dense_blas_threads` (one thread below :data:`DENSE_THREAD_MIN_FLOPS`, else the cores not busy now,
+      :func:`idle_cores`).
 
     Args:
         kind: one of :data:`STEP_KINDS`.
@@ -337,28 +384,30 @@ def step_blas_threads(kind: str, flops: float = 0.0) -> int:
     """
     if kind not in STEP_KINDS:
         raise ValueError(f"kind must be one of {STEP_KINDS}, got {kind!r}")
-    if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not flops >= 0:
-        raise ValueError(f"flops must be a number >= 0, got {flops!r}")
-    if _STATE["blas_threads"] is not None:
-        return int(_STATE["blas_threads"])
-    if kind == "banded" or flops < DENSE_THREAD_MIN_FLOPS:
+    _check_flops(flops)
+    explicit = _explicit_threads()
+    if explicit is not None:
+        return explicit
+    if kind == "banded":
         return 1
-    return idle_cores()
+    return dense_blas_threads(flops)
 
 
 @contextlib.contextmanager
 def fixed_step_threads(n: int | None) -> Iterator[None]:
-    """While open, every :func:`step_blas_threads` answers ``n`` (as after ``configure(blas_threads=n)``), or
-    follows the rule when ``n`` is None; leaving restores the previous setting. For benchmarks that compare the
-    rule with fixed counts in one process; models use :func:`configure`."""
+    """While open, every BLAS thread count msrm chooses is ``n``: R-MSRM's steps (:func:`step_blas_threads`), the
+    LAPACK callback (:func:`callback_thread_count`) and the state-space host filter (:func:`filter_thread_count`),
+    whatever the size of their work; with ``n`` None the counts follow their rules (and :func:`configure`).
+    Leaving restores the previous setting. For benchmarks that compare the rules with fixed counts in one
+    process; models use :func:`configure`."""
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"fixed_step_threads: n must be None or a positive integer, got {n!r}")
-    previous = _STATE["blas_threads"]
-    _STATE["blas_threads"] = n
+    previous = _STATE["fixed_threads"]
+    _STATE["fixed_threads"] = n
     try:
         yield
     finally:
-        _STATE["blas_threads"] = previous
+        _STATE["fixed_threads"] = previous
 
 
 @contextlib.contextmanager
@@ -382,12 +431,14 @@ def step_blas_limit(kind: str, flops: float = 0.0) -> Iterator[int]:
 
 @contextlib.contextmanager
 def callback_threads(n: int) -> Iterator[None]:
-    """Give msrm's host LAPACK callbacks ``n`` BLAS threads while the ``with`` block is open (benchmarks sweep it).
+    """Give msrm's host callbacks ``n`` BLAS threads while the ``with`` block is open (benchmarks sweep it;
+    :func:`msrm.gp.chains.sample_chains` gives each worker its share of the cores this way).
 
-    The count is process-wide and read when a callback executes, on one of JAX's threads; JAX dispatches
-    asynchronously, so block on the results inside the block. Blocks nest: leaving one restores the count that
-    was in force when it was entered. They are not meant to be entered from several threads at once. Models use
-    :func:`configure` (``blas_threads=``) instead.
+    The LAPACK callback then runs on ``n`` threads; the state-space host filter does when its largest product
+    reaches :data:`DENSE_THREAD_MIN_FLOPS` (:func:`filter_thread_count`). The count is process-wide and read when
+    a callback executes, on one of JAX's threads; JAX dispatches asynchronously, so block on the results inside
+    the block. Blocks nest: leaving one restores the count that was in force when it was entered. They are not
+    meant to be entered from several threads at once. Models use :func:`configure` (``blas_threads=``) instead.
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"callback_threads: n must be a positive integer, got {n!r}")
@@ -399,22 +450,54 @@ def callback_threads(n: int) -> Iterator[None]:
         _STATE["callback_threads"] = previous
 
 
-def callback_thread_count() -> int:
-    """BLAS threads the host LAPACK callbacks use now: a :func:`callback_threads` count, else :func:`blas_threads`."""
-    n = _STATE["callback_threads"]
-    return n if n is not None else blas_threads()
+def callback_thread_count(flops: float | None = None) -> int:
+    """BLAS threads for the LAPACK callback's dense work of ``flops`` floating-point operations (one
+    factorization: ``n^3 / 3`` for POTRF of an n x n matrix), chosen when the callback runs:
+
+    * a :func:`fixed_step_threads` count, else a :func:`callback_threads` count, else the :func:`configure`
+      ``blas_threads`` count, used as given;
+    * otherwise :func:`dense_blas_threads` of ``flops``: one thread below :data:`DENSE_THREAD_MIN_FLOPS`, else
+      :func:`idle_cores`. ``flops=None`` counts as large work (the idle cores).
+    """
+    n = _STATE["fixed_threads"]
+    if n is None:
+        n = _STATE["callback_threads"]
+    if n is None:
+        n = _STATE["blas_threads"]
+    if n is not None:
+        return int(n)
+    return dense_blas_threads(math.inf if flops is None else flops)
+
+
+def filter_thread_count(flops: float) -> int:
+    """BLAS threads for one call of the state-space host filter whose largest product takes ``flops``
+    floating-point operations (``2 S^2 R``: the covariance update of S states at update rank R):
+
+    * a :func:`fixed_step_threads` count, used as given;
+    * one thread when ``flops`` is below :data:`DENSE_THREAD_MIN_FLOPS`, whatever :func:`callback_threads` or
+      :func:`configure` say: every BLAS call of the filter is then too small to split, and the filter makes
+      thousands of them per call;
+    * otherwise :func:`callback_thread_count` (an explicit count as given, else :func:`idle_cores`).
+    """
+    n = _STATE["fixed_threads"]
+    if n is not None:
+        return int(n)
+    if _check_flops(flops) < DENSE_THREAD_MIN_FLOPS:
+        return 1
+    return callback_thread_count(flops)
 
 
 @contextlib.contextmanager
-def callback_blas_limit(context: str = "LAPACK callback") -> Iterator[None]:
-    """Context for a host callback's dense work: BLAS on :func:`callback_thread_count` threads
-    (:func:`blas_limit`), with an :class:`OversubscriptionWarning` naming ``context`` when that exceeds the
-    physical cores."""
-    n = callback_thread_count()
+def callback_blas_limit(context: str = "LAPACK callback", flops: float | None = None,
+                        threads: int | None = None) -> Iterator[int]:
+    """Context for a host callback's dense work: BLAS on ``threads`` threads, by default
+    :func:`callback_thread_count` of ``flops`` (:func:`blas_limit`), with an :class:`OversubscriptionWarning`
+    naming ``context`` when that exceeds the physical cores. Yields the count."""
+    n = callback_thread_count(flops) if threads is None else int(threads)
     if n > physical_cores():
         check_oversubscription(n, context=context)
     with blas_limit(n):
-        yield
+        yield n
 
 
 @functools.lru_cache(maxsize=1)

@@ -24,6 +24,12 @@ are timed round-robin, so a change in background load hits all of them alike. Ra
 gradient / ``quad_logdet`` value+gradient (callback and native), ``quad_logdet`` value+gradient / direct
 POTRF+POTRI (the floor), and callback / direct POTRF+POTRI. Every row carries ``execution_info`` (BLAS library,
 kernel, version).
+
+Two more experiments follow (:func:`run`): ``rmsrm_contention`` (:func:`contention_rows`, R-MSRM at OpenBLAS's
+default count, one thread and the count of :func:`msrm.runtime.step_blas_threads`, idle and beside a competing
+process) and ``gp_threads`` (:func:`gp_threads_rows`, GP-MSRM's value and gradient at K = 3, grouped and state
+space, at the automatic count and at one and two threads, alternating calls, with the count the rule chose and the
+load average at each call).
 """
 from __future__ import annotations
 
@@ -41,7 +47,9 @@ from .measure import block
 from .rows import make_row, write_rows
 
 __all__ = ["NOTEBOOK", "PROFILES", "thread_settings", "threads_rows", "run", "contention_rows",
-           "CONTENTION_PROFILES", "CONTENTION_EXPERIMENT", "CONTENTION_TARGET"]
+           "CONTENTION_PROFILES", "CONTENTION_EXPERIMENT", "CONTENTION_TARGET", "gp_threads_rows", "gp_threads_condition",
+           "GP_PROFILES",
+           "GP_EXPERIMENT", "GP_SETTINGS"]
 
 NOTEBOOK = "threads"
 
@@ -165,9 +173,10 @@ def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "qui
 
 
 def run(profile: str = "quick", out_dir: str | Path | None = None, *, n: int | None = None,
-        repeats: int | None = None, contention: bool = True) -> list[dict]:
+        repeats: int | None = None, contention: bool = True, gp: bool = True) -> list[dict]:
     """All rows of the ``threads`` notebook for one profile (written to ``out_dir/rows.jsonl`` if given): the
-    callback comparison, then (``contention``) R-MSRM under contention (:func:`contention_rows`)."""
+    callback comparison, then (``contention``) R-MSRM under contention (:func:`contention_rows`), then (``gp``)
+    GP-MSRM's value and gradient at the automatic and fixed BLAS counts (:func:`gp_threads_rows`)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
     cfg = PROFILES[profile]
@@ -175,6 +184,8 @@ def run(profile: str = "quick", out_dir: str | Path | None = None, *, n: int | N
                         profile=profile, budget_s=cfg["budget_s"])
     if contention:
         rows += contention_rows(profile)
+    if gp:
+        rows += gp_threads_rows(profile)
     if out_dir is not None:
         write_rows(Path(out_dir) / "rows.jsonl", rows, append=False)
     return rows
@@ -310,4 +321,206 @@ def contention_rows(profile: str = "quick", *, info: dict | None = None, repeats
                                  condition=condition, target=CONTENTION_TARGET if num == "chosen" else None,
                                  load_average_start=load_start, load_average_end=load_end,
                                  definition=f"median {num} / median one thread, alternating calls", **common))
+    return rows
+
+
+# ---- GP-MSRM: the automatic BLAS counts of the LAPACK callback and the host filter against fixed counts
+
+GP_EXPERIMENT = "gp_threads"
+# (setting, BLAS threads): None is the automatic choice (msrm.runtime.callback_thread_count for the grouped
+# likelihood's LAPACK callback, msrm.runtime.filter_thread_count for the state-space host filter)
+GP_SETTINGS: tuple[tuple[str, int | None], ...] = (("automatic", None), ("one", 1), ("two", 2))
+GP_PATHS = ("grouped", "state_space")
+
+GP_PROFILES: dict[str, dict[str, Any]] = {
+    "smoke": {"data_profile": "tiny", "n_features": 4, "repeats": 2, "busy": (0,), "settle_s": 0.5},
+    "quick": {"data_profile": "one-eighth", "n_features": 360, "repeats": 3, "busy": (0, 2), "settle_s": 3.0},
+    "note": {"data_profile": "one-eighth", "n_features": 3600, "repeats": 5, "busy": (0, 1, 2), "settle_s": 10.0},
+}
+GP_PROFILES["full"] = GP_PROFILES["note"]
+
+
+def _load_average() -> float | None:
+    import os
+
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:  # pragma: no cover - not available on every platform
+        return None
+
+
+def _gp_case(path: str, data, spec):
+    """(model, u at the truth's parameters, the size the automatic rule reads, a zero-argument function giving the
+    count the rule chooses now, sizes for the rows)."""
+    from msrm import runtime
+    from msrm.gp.model import GPMSRM
+
+    if path == "grouped":
+        model = GPMSRM(data, spec, "grouped")
+        n = max(model.factorization_dims)
+        flops = n**3 / 3.0
+
+        def chosen():
+            return runtime.callback_thread_count(flops)
+
+        from msrm.gp.linalg import resolve_method
+
+        sizes = {"NK": n, "method": resolve_method(model.method)}
+    else:
+        from msrm.gp.state_space.host import HostFilter
+
+        model = GPMSRM(data, spec, linear_algebra="state_space")
+        filters = [HostFilter(r.tables) for r in model.prepared.runs]
+        flops = max(hf.blas_flops for hf in filters)
+
+        def chosen():
+            return runtime.filter_thread_count(flops)
+
+        sizes = {"n_states": max(hf.S for hf in filters), "pipeline": any(hf.pipeline_pays for hf in filters),
+                 "method": model.prepared.runs[0].tables.method}
+    return model, chosen, dict(sizes, blas_flops=flops)
+
+
+_BUSY = """
+import numpy as np
+a = np.random.default_rng(0).standard_normal((600, 600))
+print("ready", flush=True)
+while True:
+    a = np.tanh(a @ a * 1e-3)
+"""
+
+
+def _start_busy(settle_s: float):
+    """A competing process multiplying matrices in a loop with its BLAS library's default thread count (another
+    user's NumPy job on a shared machine), once it is running."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _BUSY], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    if "ready" not in proc.stdout.readline():
+        from msrm_lab.processes import kill_group
+
+        kill_group(proc)
+        raise RuntimeError("the competing busy process did not start")
+    time.sleep(settle_s)
+    return proc
+
+
+def gp_threads_rows(profile: str = "quick", *, info: dict | None = None, repeats: int | None = None,
+                    paths: tuple[str, ...] = GP_PATHS,
+                    settings: tuple[tuple[str, int | None], ...] | None = None,
+                    busy: tuple[int, ...] | None = None) -> list[dict]:
+    """:func:`gp_threads_condition` idle and beside each number of competing busy processes in ``busy`` (default:
+    the profile's, e.g. 0, 1 and 2), each a NumPy matrix-product loop at its BLAS library's default thread count.
+    Settings (default): ``"automatic"``, ``"default"`` (OpenBLAS's own count, as without msrm's rule), one and
+    two threads. Every row carries ``busy_processes``."""
+    from msrm_lab.processes import kill_group
+
+    if profile not in GP_PROFILES:
+        raise ValueError(f"profile must be one of {sorted(GP_PROFILES)}, got {profile!r}")
+    cfg = GP_PROFILES[profile]
+    settings = settings if settings is not None else GP_SETTINGS + (("default", _openblas_default_threads()),)
+    busy = tuple(cfg.get("busy", (0,))) if busy is None else tuple(busy)
+    rows: list[dict] = []
+    for n_busy in busy:
+        procs = []
+        try:
+            for _ in range(n_busy):
+                procs.append(_start_busy(cfg.get("settle_s", 2.0)))
+            part = gp_threads_condition(profile, info=info, repeats=repeats, paths=paths, settings=settings)
+        finally:
+            for proc in procs:
+                kill_group(proc)
+        for r in part:
+            r["params"]["busy_processes"] = n_busy
+        rows += part
+    return rows
+
+
+def gp_threads_condition(profile: str = "quick", *, info: dict | None = None, repeats: int | None = None,
+                         paths: tuple[str, ...] = GP_PATHS,
+                         settings: tuple[tuple[str, int | None], ...] = GP_SETTINGS) -> list[dict]:
+    """GP-MSRM's ``value_and_grad`` at K = 3 (grouped likelihood through the LAPACK callback, and the state-space
+    likelihood through the host filter) at each BLAS setting of :data:`GP_SETTINGS`: ``"automatic"`` (the count
+    msrm chooses per call from the work's size and the cores the load average leaves idle), and fixed counts
+    (:func:`msrm.runtime.fixed_step_threads`, which both paths take as given).
+
+    Every (path, setting) is called once untimed (compilation), then all of them in turn for ``repeats`` rounds,
+    so a change in background load hits each alike. Rows (metric ``median_s``, with min, max and every time): per
+    path and setting; for ``"automatic"`` also the count the rule gave just before each timed call and the load
+    average then. Then per path the ratios ``automatic_over_best_fixed`` (automatic / the faster fixed setting)
+    and ``two_over_one``. The load average at the start and the end is on every row.
+    """
+    import jax
+
+    import data_synth
+    from msrm.runtime import fixed_step_threads
+
+    if profile not in GP_PROFILES:
+        raise ValueError(f"profile must be one of {sorted(GP_PROFILES)}, got {profile!r}")
+    unknown = set(paths) - set(GP_PATHS)
+    if unknown:
+        raise ValueError(f"paths must be drawn from {GP_PATHS}, got {sorted(unknown)}")
+    if not jax.config.jax_enable_x64:
+        raise ValueError("gp_threads_rows: float64 is the contract; call msrm.runtime.enable_x64() first")
+    cfg = GP_PROFILES[profile]
+    reps = cfg["repeats"] if repeats is None else int(repeats)
+    K = 3
+    data, truth = data_synth.synthetic_dataset(cfg["data_profile"], n_features=cfg["n_features"], n_factors=K,
+                                               seed=0)
+    info = execution_info() if info is None else info
+    if jax.default_backend() != "cpu":
+        return [make_row(NOTEBOOK, GP_EXPERIMENT, "median_s", None, "s", status="not_yet_measured", info=info,
+                         reason="the LAPACK callback and the host filter run on the CPU platform only",
+                         profile=profile)]
+    cases = {}
+    for path in paths:
+        model, chosen, sizes = _gp_case(path, data, truth.spec)
+        u = model.unconstrain(truth.params)
+        cases[path] = (lambda m=model, x=u: m.value_and_grad(x)), chosen, sizes
+
+    load_start = _load_average()
+    for fn, _, _ in cases.values():
+        for _, n in settings:
+            with fixed_step_threads(n):
+                block(fn())
+    times = {(p, s): [] for p in cases for s, _ in settings}
+    picked = {p: [] for p in cases}
+    loads = {p: [] for p in cases}
+    for _ in range(max(1, reps)):
+        for path, (fn, chosen, _) in cases.items():
+            for name, n in settings:
+                with fixed_step_threads(n):
+                    if n is None:
+                        picked[path].append(chosen())
+                        loads[path].append(_load_average())
+                    t0 = time.perf_counter()
+                    block(fn())
+                    times[(path, name)].append(time.perf_counter() - t0)
+    load_end = _load_average()
+
+    rows: list[dict] = []
+    common = dict(profile=profile, data_profile=cfg["data_profile"], n_features=cfg["n_features"], K=K,
+                  load_average_start=load_start, load_average_end=load_end, measured="alternating calls")
+    for path, (_, _, sizes) in cases.items():
+        med = {}
+        for name, n in settings:
+            ts = times[(path, name)]
+            med[name] = statistics.median(ts)
+            extra = {"chosen_threads": picked[path], "load_average": loads[path]} if n is None else {}
+            rows.append(make_row(NOTEBOOK, GP_EXPERIMENT, "median_s", med[name], "s", info=info, path=path,
+                                 setting=name, threads="automatic" if n is None else n, repeats=len(ts),
+                                 min_s=min(ts), max_s=max(ts), times=ts, **extra, **sizes, **common))
+        fixed = {name: med[name] for name, n in settings if n is not None}
+        if "automatic" in med and fixed:
+            best = min(fixed, key=fixed.get)
+            rows.append(make_row(NOTEBOOK, GP_EXPERIMENT, "automatic_over_best_fixed", med["automatic"] / fixed[best],
+                                 "x", info=info, path=path, best_fixed=best, chosen_threads=picked[path],
+                                 definition="median automatic / median of the faster fixed setting, alternating "
+                                            "calls", **sizes, **common))
+        if "one" in med and "two" in med:
+            rows.append(make_row(NOTEBOOK, GP_EXPERIMENT, "two_over_one", med["two"] / med["one"], "x", info=info,
+                                 path=path, definition="median two threads / median one thread, alternating calls",
+                                 **sizes, **common))
     return rows

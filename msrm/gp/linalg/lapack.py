@@ -10,8 +10,16 @@ as the residual, so the backward pass is one elementwise XLA expression,
     \bar M = G_l\, M^{-1} - G_q\, A A^\top, \qquad \bar V = 2\, G_q\, A,
 
 and the factor never travels back to the host. The callback uses ``vmap_method="broadcast_all"`` and loops over
-a batch on the host. BLAS runs under :func:`msrm.runtime.callback_blas_limit` (the count of
-:func:`msrm.runtime.callback_thread_count`; a count above the physical cores warns).
+a batch on the host.
+
+**BLAS threads.** Each execution of the callback chooses its count afresh
+(:func:`msrm.runtime.callback_blas_limit`), from the work of one factorization, :math:`f = n^3/3` for an
+:math:`n \times n` matrix, by :func:`msrm.runtime.callback_thread_count`: an explicit count
+(:func:`msrm.runtime.fixed_step_threads`, :func:`msrm.runtime.callback_threads`, ``configure(blas_threads=)``)
+as given, else one thread for :math:`f < F_0` (:data:`msrm.runtime.DENSE_THREAD_MIN_FLOPS`) and the idle cores
+:math:`\max(1, \min(C, \lfloor C - \max(0, L_1 - 1)\rfloor))` otherwise (C usable cores, :math:`L_1` the 1-minute
+load average read at that moment). A count above the physical cores warns. POTRF, POTRS and POTRI give the same
+result to rounding at every count.
 
 On the host, factors are kept as ``U = L^T`` in Fortran order so that ``L = U.T`` is a C-contiguous view handed
 back to JAX without a copy.
@@ -121,8 +129,9 @@ def _host_batched(M, V, want_residuals: bool, symmetric: bool = False):
     V = np.asarray(V, dtype=np.float64)
     batch = M.shape[:-2]
     n, r = V.shape[-2:]
+    flops = n**3 / 3.0  # one POTRF: the size the thread count is chosen by
     if not batch:  # no vmap: hand M^{-1} back without an extra (n, n) copy
-        with runtime.callback_blas_limit():
+        with runtime.callback_blas_limit(flops=flops):
             out = _host_one(M, V, want_residuals, symmetric)
         return out if want_residuals else out[:3]
     quad = np.empty(batch)
@@ -130,7 +139,7 @@ def _host_batched(M, V, want_residuals: bool, symmetric: bool = False):
     event = np.empty(batch, dtype=np.int32)
     Minv = np.empty(batch + (n, n)) if want_residuals else None
     A = np.empty(batch + (n, r)) if want_residuals else None
-    with runtime.callback_blas_limit():
+    with runtime.callback_blas_limit(flops=flops):
         for idx in np.ndindex(*batch):
             q, ld, ev, Mi, Ai = _host_one(M[idx], V[idx], want_residuals, symmetric)
             quad[idx], logdet[idx], event[idx] = q, ld, ev
