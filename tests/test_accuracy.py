@@ -101,3 +101,31 @@ def test_the_intercept_enters_about_the_data_centre():
         a = msrm.GPMSRM(data, spec, linear_algebra=backend).log_likelihood(params)
         b = msrm.GPMSRM(shifted_data, spec, linear_algebra=backend).log_likelihood(shifted)
         assert abs(a - b) < 1e-8 * abs(a), (backend, a, b)
+
+
+def test_a_regularised_factorization_warns_and_names_the_cause():
+    """Duplicated one-feature streams with huge loadings and tiny noise make M numerically singular: the guard
+    regularises it, and the model says so the first time (the count stays in guard_events)."""
+    from msrm.gp.accuracy import NumericalAccuracyWarning
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(21, 1))
+    streams = [msrm.Stream(p, "rating", 1.0, y) for p in ("a", "b", "c", "d", "e")]
+    spec = msrm.ModelSpec(n_factors=2, latent_dt=1.0, responses={"rating": msrm.Identity()})
+    data = msrm.Dataset([msrm.Run(20.0, streams)])
+    params = msrm.Params(
+        loadings={s.key: np.array([[1e6, 1e6]]) + rng.normal(0.0, 1e3, (1, 2)) for s in streams},
+        intercepts={s.key: np.zeros(1) for s in streams}, noise_sd={s.key: np.full(1, 1e-7) for s in streams},
+        lengthscales=np.array([1e9, 1e9]))
+    model = msrm.GPMSRM(data, spec, "grouped")
+    with pytest.warns(NumericalAccuracyWarning, match="regularised"):
+        model.log_likelihood(params)
+    assert 0 not in model.guard_events()
+
+
+def test_a_healthy_evaluation_says_nothing(recwarn):
+    from msrm.gp.accuracy import NumericalAccuracyWarning
+
+    data, spec, params = corner_case(1.0, 0.0, 0.5, 4.0)
+    msrm.GPMSRM(data, spec, "grouped").log_likelihood(params)
+    assert not [w for w in recwarn if issubclass(w.category, NumericalAccuracyWarning)]

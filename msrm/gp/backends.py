@@ -31,6 +31,9 @@ A backend computes the GP-MSRM marginal likelihood of a dataset (latent factors 
   (:meth:`msrm.GPMSRM.guard_events`).
 * ``run_logliks(theta, prepared) -> (values, events)``: the per-run log likelihoods ``(n_runs,)`` (their sum is
   ``loglik``'s value) and events.
+* ``describe_event(code) -> str | None``: what a guard code of ``events`` means, None for a healthy evaluation;
+  the model warns (:class:`msrm.gp.accuracy.NumericalAccuracyWarning`) with that sentence the first time each
+  code is seen.
 * ``node_counts(prepared) -> list[int]``: nodes per run of the node-space factorization (an empty list when the
   backend has none).
 * ``latent_posterior(theta, prepared, data, spec, cov=False) -> list[msrm.LatentPosterior]``: the exact
@@ -97,6 +100,20 @@ class Backend:
 
     def node_counts(self, prepared) -> list[int]:
         return []
+
+    def describe_event(self, code: int) -> str | None:
+        """What one guard code of ``loglik``'s ``events`` means, or None for a healthy evaluation. The default
+        reads the codes of the guarded factorization (:func:`msrm.gp.linalg.describe_event`): 0 is a plain
+        Cholesky; a jitter rung or the eigenvalue fallback changed the matrix, so the density is that of a
+        regularised model."""
+        from .linalg.ladder import EVENT_PLAIN, describe_event
+
+        code = int(code)
+        if code == EVENT_PLAIN:
+            return None
+        return (f"the node-space factorization used {describe_event(code)}: the value is the density of a "
+                f"regularised matrix; check for duplicated streams, loadings far outside the data's scale or a "
+                f"lengthscale far longer than the run")
 
     def compile_level(self, prepared) -> int | None:
         """XLA's backend optimisation level (``xla_backend_optimization_level``, 0 to 3) this backend's programs

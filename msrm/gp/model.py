@@ -278,8 +278,20 @@ class GPMSRM:
 
     # ------------------------------------------------------------------------------------------ densities
     def _record(self, events) -> None:
+        """Count the guard codes of one evaluation; the first time a code that changed the answer is seen, warn
+        with the backend's own description of it (the count stays in :meth:`guard_events`)."""
         for e in np.asarray(events).reshape(-1).tolist():
-            self._events[int(e)] += 1
+            code = int(e)
+            if code not in self._events:
+                said = self.backend.describe_event(code)
+                if said is not None:
+                    import warnings
+
+                    from .accuracy import NumericalAccuracyWarning
+
+                    warnings.warn(f"linear_algebra={self.backend.name!r}: {said}", NumericalAccuracyWarning,
+                                  stacklevel=3)
+            self._events[code] += 1
 
     def log_likelihood(self, params: Params) -> float:
         """``log p(Y | params)`` summed over runs (Params validated before any numerics)."""
