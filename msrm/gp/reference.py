@@ -7,14 +7,14 @@ canonical dense response row (:func:`msrm.operators.response_weights`) and ``K_k
 
     \mathrm{Cov}(y_o, y_{o'}) = \sum_k W_{s f k} W_{s' f' k}\, a_{si}^\top K_k a_{s'i'} + \delta_{oo'} \sigma_{sf}^2,
 
-and ``log p(y) = sum over runs of scipy.stats.multivariate_normal.logpdf(y, b, Cov)``. NumPy/SciPy only and
-O(n_obs^3): for tiny datasets in tests. It shares no code with the fast paths except the definitions (the
+and ``log p(y) = sum over runs of log N(y; b, Cov)`` from a Cholesky factor of ``Cov`` (:func:`gaussian_logpdf`).
+NumPy/SciPy only and O(n_obs^3): for tiny datasets in tests. It shares no code with the fast paths except the definitions (the
 kernel's correlation, the canonical response rows) and the data model.
 """
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import multivariate_normal
+from scipy.linalg import cho_factor, solve_triangular
 
 from ..data import Dataset
 from ..kernels import get_kernel
@@ -23,7 +23,7 @@ from ..operators import response_weights
 from ..params import Params
 from ..spec import ModelSpec, latent_grid
 
-__all__ = ["matern_numpy", "run_covariance", "brute_force_loglik"]
+__all__ = ["matern_numpy", "run_covariance", "gaussian_logpdf", "brute_force_loglik"]
 
 
 def matern_numpy(r: np.ndarray, lengthscale: float, kernel: str) -> np.ndarray:
@@ -62,12 +62,35 @@ def run_covariance(run, spec: ModelSpec, params: Params, groups) -> tuple[np.nda
     return np.concatenate(ys), np.concatenate(means), cov
 
 
+def gaussian_logpdf(y: np.ndarray, mean: np.ndarray, cov: np.ndarray) -> float:
+    """``log N(y; mean, cov)`` from the Cholesky factor of ``cov`` (``cov = L Lᵀ``):
+    ``-½ (n log 2π + 2 Σ log L_ii + |L⁻¹(y − mean)|²)``.
+
+    A Cholesky factor exists for every covariance that is positive definite in float64, however ill-conditioned
+    (a smooth prior observed with little noise: condition ``10¹⁰`` and more), and its rounding is that of the
+    covariance itself; an eigenvalue test of definiteness (what ``scipy.stats.multivariate_normal`` applies) calls
+    such a covariance singular. Raises ValueError naming the cause when the factorization fails."""
+    try:
+        L, _ = cho_factor(cov, lower=True, check_finite=True)
+    except np.linalg.LinAlgError as err:
+        scale = float(np.max(np.abs(np.diag(cov))))
+        raise ValueError(
+            f"brute-force density: the observation covariance ({cov.shape[0]} values) is not positive definite in "
+            f"float64 ({err}): its entries, up to {scale:.3g}, are rounded by about {2.2e-16 * scale:.1e}, more than "
+            "the noise variance adds along the prior's near-singular directions (a lengthscale far longer than the "
+            "grid step observed with very little noise); use noise sds further from zero, a shorter lengthscale or "
+            "a coarser latent_dt") from None
+    n = y.size
+    u = solve_triangular(L, y - mean, lower=True)
+    return float(-0.5 * (n * np.log(2.0 * np.pi) + 2.0 * np.sum(np.log(np.diag(L))) + u @ u))
+
+
 def brute_force_loglik(data: Dataset, spec: ModelSpec, params: Params) -> float:
-    """``log p(Y | params)`` by the full observation covariance, summed over runs."""
+    """``log p(Y | params)`` by the full observation covariance (:func:`gaussian_logpdf`), summed over runs."""
     params.validate(data, spec)
     groups = response_groups(data, spec)
     total = 0.0
     for run in data.runs:
         y, mean, cov = run_covariance(run, spec, params, groups)
-        total += float(multivariate_normal.logpdf(y, mean=mean, cov=cov))
+        total += gaussian_logpdf(y, mean, cov)
     return total

@@ -4,7 +4,10 @@
 method=...)`` (NumPy, once) and ``loglik(theta, prepared) -> (value, events)`` (pure JAX, jit/grad-able) compute
 the density; :data:`STATE_SPACE` is the backend that ``msrm.GPMSRM(..., linear_algebra="state_space")`` finds in
 :data:`msrm.gp.backends.BACKENDS`, its options :class:`~.prepare.StateSpaceOptions`. ``events`` is (n_runs,)
-int32: the number of steps of each run whose update matrix ``G`` lost positive determinant (0 in a healthy run).
+int32, 0 in a healthy run (:func:`.filter.event_code`): the number of steps of each run whose update matrix lost
+positive definiteness, plus an accuracy level when the scan's blocks are ill-conditioned at the parameters
+(:func:`.filter.block_conditioning`); the model warns once per code with :meth:`StateSpaceBackend.describe_event`
+(:class:`msrm.gp.accuracy.NumericalAccuracyWarning`).
 
 Modules: :mod:`.sde` (Matérn SDEs), :mod:`.embedding` (delay line and banks), :mod:`.prepare`,
 :mod:`.filter` (sequential block scan, checkpointed), :mod:`.adjoint` (its hand-written reverse mode, used by
@@ -81,6 +84,13 @@ class StateSpaceBackend(Backend):
     def run_logliks(self, theta, prepared):
         return run_logliks(theta, prepared)
 
+    def describe_event(self, code: int) -> str | None:
+        """A run's event code (:func:`.filter.event_code`): the steps whose covariance lost definiteness, and the
+        accuracy level of the scan's blocks at these parameters (:func:`.filter.describe_code`)."""
+        from .filter import describe_code
+
+        return describe_code(code)
+
     def compile_level(self, prepared) -> int | None:
         """0 when every run filters on the host (``method="callback"``): the compiled program then only forms the
         node information and the parameter transforms around the callback, LLVM's optimisation passes over that
@@ -96,8 +106,19 @@ class StateSpaceBackend(Backend):
         from .smoother import smooth_runs
 
         out = []
-        for run, sm in zip(prepared.runs, smooth_runs(theta, prepared)):
-            sd = np.sqrt(np.maximum(np.diagonal(sm.grid_cov, axis1=1, axis2=2), 0.0))
+        for r, (run, sm) in enumerate(zip(prepared.runs, smooth_runs(theta, prepared))):
+            var = np.diagonal(sm.grid_cov, axis1=1, axis2=2)
+            bad = var < 0.0
+            if bad.any():  # rounding larger than the variance itself: no sd to report (0 would be a wrong one)
+                import warnings
+
+                from ..accuracy import NumericalAccuracyWarning
+
+                warnings.warn(f"state_space latent posterior, run {r}: {int(bad.sum())} posterior variance(s) came out "
+                              f"negative (down to {float(var.min()):.2e}): the covariance filter's rounding exceeds "
+                              "them, so their sds are NaN; bound the noise sds away from zero or use a coarser "
+                              "latent_dt", NumericalAccuracyWarning, stacklevel=2)
+            sd = np.sqrt(np.where(bad, np.nan, var))
             out.append(LatentPosterior(grid=run.gp.layout.grid, mean=sm.grid_mean, sd=sd,
                                        cov=sm.grid_cov if cov else None))
         return out

@@ -5,22 +5,23 @@ recomputes the intermediates of all of them and transposes each row or column wr
 Here the scan has a ``jax.custom_vjp`` whose backward pass carries only the adjoints ``(m̄, P̄)`` of the
 filtered mean and covariance (``P̄`` kept symmetric), sub-step by sub-step in reverse:
 
-* **absorb** ``m' = m + U G⁻¹v``, ``P' = P − U W Uᵀ`` with ``U = P Bᵀ``, ``W = sym(G⁻¹Λ)``: with
-  ``Y = P̄' U`` (the one dense S x S x MK product of the sub-step),
+* **absorb** ``m' = m + U G⁻¹v``, ``P' = P − U W Uᵀ`` with ``U = P Bᵀ``, ``W = G⁻¹Λ`` (formed in the
+  whitened form of :func:`.filter.absorb_state`): with ``Y = P̄' U`` (the one dense S x S x MK product of the
+  sub-step),
 
   .. math::
 
       Ū = m̄' (G^{-1}v)^\top - 2 Y W + B^\top \bar C, \qquad \bar W = -U^\top Y, \qquad
       \bar P = \bar P' + \mathrm{sym}(B^\top Ū^\top),\qquad \bar m = \bar m' + B^\top \bar μ,
 
-  where ``(μ̄, C̄, Λ̄, η̄)`` come from the small (MK x MK) part (``G``, its solve and log determinant),
-  differentiated by JAX. ``B`` is the sub-step's weight matrix ``A`` (M, N + n) over the ring and bank rows,
-  so ``Bᵀ Ūᵀ`` is ``Aᵀ`` times ``Ūᵀ`` added to those rows (and, symmetrised, columns), and ``Ā`` is ``Ūᵀ``
-  against the same rows of ``P``.
+  where ``(μ̄, C̄, R̄, ỹ̄)`` come from the small (MK x MK) part (:func:`.filter.white_vjp`, in the nodes'
+  information factors ``R`` and whitened data ``ỹ``, whose adjoints round at the size of the result). ``B`` is
+  the sub-step's weight matrix ``A`` (M, N + n) over the ring and bank rows, so ``Bᵀ Ūᵀ`` is ``Aᵀ`` times
+  ``Ūᵀ`` added to those rows (and, symmetrised, columns), and ``Ā`` is ``Ūᵀ`` against the same rows of ``P``.
 * **predict** is ``P ← F P Fᵀ + Q_f`` with ``F`` the identity except the rows it writes: the SDE write
   (``y = T s``) and, with a bank, the bank move. Its transpose ``P̄ ↦ Fᵀ P̄ F`` touches those rows and
   columns only, and ``T̄ = 2 (P̄' F P)[y, s] + m̄'_y m_sᵀ``, ``Q̄_b = P̄'[y, y]`` (per factor) need only
-  ``P[:, s]``, the SDE columns of the absorbed covariance.
+  ``P[:, s]``, the SDE columns of the absorbed covariance (formed as the forward pass forms them, ``P − VᵀV``).
 
 Memory: the forward pass keeps the state ``(m, P)`` at the start of each checkpointed chunk; the backward pass
 recomputes one chunk at a time (keeping that chunk's per-sub-step states) and runs the adjoint over it, so
@@ -36,9 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .filter import (bank_block_moved, col_block, ring_base, row_block, sym, absorb_small_vjp, apply_B,
+from .filter import (bank_block_moved, col_block, ring_base, row_block, sym, white_vjp, apply_B,
                      bank_rows, block_transition, blockdiag, forward_step, initial_state, moved_transition, scan_inputs,
-                     step_tables)
+                     step_tables, event_code)
 from .prepare import RunTables
 
 __all__ = ["run_loglik_adjoint"]
@@ -93,26 +94,35 @@ def _bank_rows_transpose(t: RunTables, b, move, X):
     return lax.dynamic_update_slice(X, jnp.einsum("ij,ikr->jkr", Mc, Xb).reshape(n * K, r), (b0, zero))
 
 
-def _backward_step(t: RunTables, m, P, Z, mb, Pb, gll, x, T, Qb):
+def _backward_step(t: RunTables, m, P, L, mb, Pb, gll, x, T, Qb):
     """Adjoint of one sub-step.
 
     Args:
-        m, P: the state before the sub-step (primal); Z: its ``G⁻¹``; mb, Pb: adjoints of the state after it;
-            gll: adjoint of the log likelihood; x: the sub-step's inputs (block, predict, A, Λ blocks, η).
+        m, P: the state before the sub-step (primal); L: its Cholesky factor of ``G_s``
+            (:func:`.filter.absorb_state`); mb, Pb:
+            adjoints of the state after it; gll: adjoint of the log likelihood; x: the sub-step's inputs (block,
+            predict, A, R blocks, ỹ).
     Returns:
-        (mb, Pb) before the sub-step, (Ā, Λ̄ blocks, η̄) of the sub-step, (T̄, Q̄_b).
+        (mb, Pb) before the sub-step, (Ā, R̄ blocks, ỹ̄) of the sub-step, (T̄, Q̄_b).
     """
-    b, move, A, Ls, e = x
+    b, move, A, Rs, ys = x
     K, Kd, s0 = t.K, t.K * t.d, t.sde_offset
-    Lb = blockdiag(Ls)
+    Rb = blockdiag(Rs)
     U = apply_B(t, P, A).T  # (S, n)
     mu = apply_B(t, m[:, None], A)[:, 0]
     C = sym(apply_B(t, U, A))
-    Giv, GiL = Z @ (e - Lb @ mu), sym(Z @ Lb)
+    X = lax.linalg.triangular_solve(L, jnp.concatenate([Rb, (ys - Rb @ mu)[:, None]], axis=1), left_side=True,
+                                    lower=True)
+    W, u = X[:, :-1], X[:, -1]
+    GiL = W.T @ W
+    Giv = W.T @ u
 
-    # the prediction's transpose (the identity on a sub-step that does not predict)
-    Xs = P[:, s0 : s0 + Kd] - U @ (GiL @ U[s0 : s0 + Kd].T)  # SDE columns and mean of the absorbed state
-    ms = m[s0 : s0 + Kd] + U[s0 : s0 + Kd] @ Giv
+    # the prediction's transpose (the identity on a sub-step that does not predict), from the SDE columns and
+    # mean of the absorbed state, formed as the forward pass forms them (P − VᵀV, m + Vᵀu)
+    V = W @ U.T
+    Vs = V[:, s0 : s0 + Kd]
+    Xs = P[:, s0 : s0 + Kd] - V.T @ Vs
+    ms = m[s0 : s0 + Kd] + Vs.T @ u
     if t.n_bank:
         Xs = bank_rows(t, b, move, Xs)
     mb, Pb, Tb, Qbb = _sde_write_transpose(t, b, move, mb, Pb, T, Qb, Xs, ms)
@@ -125,7 +135,7 @@ def _backward_step(t: RunTables, m, P, Z, mb, Pb, gll, x, T, Qb):
     Ub = mb[:, None] * Giv[None, :] - 2.0 * Y @ GiL
     GiLb = -(U.T @ Y)
     Givb = U.T @ mb
-    mub, Cb, Lbb, eb = absorb_small_vjp(mu, C, Lb, e, Z, Giv, (Givb, GiLb, gll))
+    mub, Cb, Rbb, yb = white_vjp(mu, C, Rb, ys, L, (Givb, GiLb, gll), W=W, u=u)
     Cb = sym(Cb)
     _, vjp_C = jax.vjp(lambda X, w: apply_B(t, X, w), U, A)
     UbC, Ab_C = vjp_C(Cb)
@@ -136,53 +146,54 @@ def _backward_step(t: RunTables, m, P, Z, mb, Pb, gll, x, T, Qb):
     # Uᵀ = B P: Bᵀ Ūᵀ, symmetrised, into P̄; Ā = Ūᵀ against the rows of P
     S, Q = P.shape[0], A.shape[1]
     U3 = Ub.T.reshape(-1, K * S)
-    Z = (A.T @ U3).reshape(S, S)
+    Zs = (A.T @ U3).reshape(S, S)
     Ab_P = U3 @ P.reshape(Q, K * S).T
-    Pb = Pb + 0.5 * (Z + Z.T)
-    M = Ls.shape[0]
-    Ls_b = jnp.einsum("minj,mn->mij", Lbb.reshape(M, K, M, K), jnp.eye(M))
-    return mb, Pb, (Ab_C + Ab_mu + Ab_P, Ls_b, eb), (Tb, Qbb)
+    Pb = Pb + 0.5 * (Zs + Zs.T)
+    M = Rs.shape[0]
+    Rs_b = jnp.einsum("minj,mn->mij", Rbb.reshape(M, K, M, K), jnp.eye(M))
+    return mb, Pb, (Ab_C + Ab_mu + Ab_P, Rs_b, yb), (Tb, Qbb)
 
 
 def _make_core(t: RunTables):
-    """The chunked scan as a custom-VJP function of (A, Λ blocks, η, T, Q_b, P∞) -> (log Z sum, bad)."""
+    """The chunked scan as a custom-VJP function of (A, R blocks, ỹ, T, Q_b, P∞) -> (sum of log Z'
+    (:func:`.filter.white_values`), event code (:func:`.filter.event_code`, as float64))."""
 
     def chunk_forward(carry, xc, T, Qb, keep):
         def body(c, x):
-            m, P, ll, bad = c
-            m2, P2, logZ, b, Z = forward_step(t, m, P, x, T, Qb)
-            return (m2, P2, ll + logZ, bad + b), ((m, P, Z) if keep else None)
+            m, P, ll, bad, kap = c
+            m2, P2, logZ, b, k, Z = forward_step(t, m, P, x, T, Qb)
+            return (m2, P2, ll + logZ, bad + b, jnp.maximum(kap, k)), ((m, P, Z) if keep else None)
 
         return lax.scan(body, carry, xc)
 
-    def run(A, Ls, e, T, Qb, Pinf):
+    def run(A, Rs, ys, T, Qb, Pinf):
         m0, P0 = initial_state(t, T, Qb, Pinf)
-        carry0 = (m0, P0, jnp.zeros(()), jnp.zeros((), jnp.int32))
+        carry0 = (m0, P0, jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.ones(()))
 
         def outer(c, xc):
             c2, _ = chunk_forward(c, xc, T, Qb, False)
             return c2, (c[0], c[1])
 
-        (_, _, ll, bad), starts = lax.scan(outer, carry0, scan_inputs(t, A, Ls, e))
-        return ll, bad, starts
+        (_, _, ll, bad, kap), starts = lax.scan(outer, carry0, scan_inputs(t, A, Rs, ys))
+        return ll, event_code(bad, kap), starts
 
     @jax.custom_vjp
-    def core(A, Ls, e, T, Qb, Pinf):
-        ll, bad, _ = run(A, Ls, e, T, Qb, Pinf)
+    def core(A, Rs, ys, T, Qb, Pinf):
+        ll, bad, _ = run(A, Rs, ys, T, Qb, Pinf)
         return ll, bad.astype(jnp.float64)
 
-    def core_fwd(A, Ls, e, T, Qb, Pinf):
-        ll, bad, starts = run(A, Ls, e, T, Qb, Pinf)
-        return (ll, bad.astype(jnp.float64)), (starts, A, Ls, e, T, Qb, Pinf)
+    def core_fwd(A, Rs, ys, T, Qb, Pinf):
+        ll, bad, starts = run(A, Rs, ys, T, Qb, Pinf)
+        return (ll, bad.astype(jnp.float64)), (starts, A, Rs, ys, T, Qb, Pinf)
 
     def core_bwd(res, cts):
-        starts, A, Ls, e, T, Qb, Pinf = res
+        starts, A, Rs, ys, T, Qb, Pinf = res
         gll = cts[0]
         S = starts[1].shape[-1]
 
         def outer(c, inp):
             start_m, start_P, xc = inp
-            zero = (jnp.zeros(()), jnp.zeros((), jnp.int32))
+            zero = (jnp.zeros(()), jnp.zeros((), jnp.int32), jnp.ones(()))
             _, (ms, Ps, Zs) = chunk_forward((start_m, start_P) + zero, xc, T, Qb, True)
 
             def body(c2, item):
@@ -194,12 +205,12 @@ def _make_core(t: RunTables):
             return lax.scan(body, c, (ms, Ps, Zs, xc), reverse=True)
 
         c0 = (jnp.zeros(S), jnp.zeros((S, S)), jnp.zeros_like(T), jnp.zeros_like(Qb))
-        (mb, Pb, Tb, Qbb), (Ab, Lsb, eb) = lax.scan(outer, c0, (starts[0], starts[1], scan_inputs(t, A, Ls, e)),
-                                                    reverse=True)
+        xs = scan_inputs(t, A, Rs, ys)
+        (mb, Pb, Tb, Qbb), (Ab, Rsb, yb) = lax.scan(outer, c0, (starts[0], starts[1], xs), reverse=True)
         _, init_vjp = jax.vjp(lambda T_, Q_, P_: initial_state(t, T_, Q_, P_), T, Qb, Pinf)
         Tb0, Qb0, Pinfb = init_vjp((mb, Pb))
         flat = lambda x, like: x.reshape(like.shape)
-        return flat(Ab, A), flat(Lsb, Ls), flat(eb, e), Tb + Tb0, Qbb + Qb0, Pinfb
+        return flat(Ab, A), flat(Rsb, Rs), flat(yb, ys), Tb + Tb0, Qbb + Qb0, Pinfb
 
     core.defvjp(core_fwd, core_bwd)
     return core
@@ -221,14 +232,14 @@ def _make_core_host(t: RunTables):
     S, f64 = t.n_states, jnp.float64
     pipeline = runtime.physical_cores() >= 2 and hf.pipeline_pays
 
-    def value(A, Ls, e, T, Qb, m0, P0):
+    def value(A, Rs, ys, T, Qb, m0, P0):
         with one_blas_thread():
-            ll, bad = hf.forward(*(np.asarray(x) for x in (A, Ls, e, T, Qb, m0, P0)), keep_starts=False)
+            ll, bad = hf.forward(*(np.asarray(x) for x in (A, Rs, ys, T, Qb, m0, P0)), keep_starts=False)
         return np.float64(ll), np.float64(bad)
 
-    def value_and_grad(A, Ls, e, T, Qb, m0, P0):
+    def value_and_grad(A, Rs, ys, T, Qb, m0, P0):
         with one_blas_thread():
-            ll, bad, grads = hf.value_and_grad(*(np.asarray(x) for x in (A, Ls, e, T, Qb, m0, P0)),
+            ll, bad, grads = hf.value_and_grad(*(np.asarray(x) for x in (A, Rs, ys, T, Qb, m0, P0)),
                                                pipeline=pipeline)
         return (np.float64(ll), np.float64(bad)) + tuple(grads)
 
@@ -238,24 +249,24 @@ def _make_core_host(t: RunTables):
         return jax.pure_callback(fn, shapes, *args, vmap_method="sequential")
 
     @jax.custom_vjp
-    def core(A, Ls, e, T, Qb, Pinf):
+    def core(A, Rs, ys, T, Qb, Pinf):
         m0, P0 = initial_state(t, T, Qb, Pinf)
-        return call(value, (scalar, scalar), A, Ls, e, T, Qb, m0, P0)
+        return call(value, (scalar, scalar), A, Rs, ys, T, Qb, m0, P0)
 
-    def core_fwd(A, Ls, e, T, Qb, Pinf):
+    def core_fwd(A, Rs, ys, T, Qb, Pinf):
         m0, P0 = initial_state(t, T, Qb, Pinf)
         like = lambda x: jax.ShapeDtypeStruct(x.shape, f64)
-        shapes = (scalar, scalar, like(A), like(Ls), like(e), like(T), like(Qb), jax.ShapeDtypeStruct((S,), f64),
+        shapes = (scalar, scalar, like(A), like(Rs), like(ys), like(T), like(Qb), jax.ShapeDtypeStruct((S,), f64),
                   jax.ShapeDtypeStruct((S, S), f64))
-        ll, bad, *grads = call(value_and_grad, shapes, A, Ls, e, T, Qb, m0, P0)
+        ll, bad, *grads = call(value_and_grad, shapes, A, Rs, ys, T, Qb, m0, P0)
         return (ll, bad), (grads, T, Qb, Pinf)
 
     def core_bwd(res, cts):
-        (Ab, Lsb, eb, Tb, Qbb, mb, Pb), T, Qb, Pinf = res
+        (Ab, Rsb, yb, Tb, Qbb, mb, Pb), T, Qb, Pinf = res
         g = cts[0]
         _, init_vjp = jax.vjp(lambda T_, Q_, P_: initial_state(t, T_, Q_, P_), T, Qb, Pinf)
         Tb0, Qb0, Pinfb = init_vjp((g * mb, g * Pb))
-        return g * Ab, g * Lsb, g * eb, g * Tb + Tb0, g * Qbb + Qb0, Pinfb
+        return g * Ab, g * Rsb, g * yb, g * Tb + Tb0, g * Qbb + Qb0, Pinfb
 
     core.defvjp(core_fwd, core_bwd)
     return core
@@ -266,8 +277,8 @@ def run_loglik_adjoint(theta, run):
     ``method="callback"``, in XLA otherwise); (value, bad-step count). Same value as
     :func:`msrm.gp.state_space.filter.run_loglik_sequential`."""
     t: RunTables = run.tables
-    A, Ls, e, const = step_tables(theta, run)
+    A, Rs, ys, data_term = step_tables(theta, run)
     T, Qb, Pinf = block_transition(theta, t)
     core = _make_core_host(t) if t.method == "callback" else _make_core(t)
-    ll, bad = core(A, Ls, e, T, Qb, Pinf)
-    return -0.5 * const + ll, lax.stop_gradient(bad).astype(jnp.int32)
+    ll, bad = core(A, Rs, ys, T, Qb, Pinf)
+    return -0.5 * data_term + ll, lax.stop_gradient(bad).astype(jnp.int32)

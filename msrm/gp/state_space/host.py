@@ -5,14 +5,31 @@ scan body one operation at a time on one core; here
 
 * each sub-step's covariance update is one in-place ``dgemm`` with ``beta = 1`` (:func:`gemm_acc`: no separate
   subtraction pass, and no GIL held while it runs);
-* a sub-step reads only its occupied slots: an empty slot (zero weights, zero Λ and η) changes neither the value
-  nor a gradient, so it is left out of the update instead of being carried at rank K;
+* the absorb is the whitened form of :func:`.filter.white_values` (a Cholesky factor of ``I + R C Rᵀ``, one
+  triangular solve, the covariance downdated by ``VᵀV``), its reverse :func:`.filter.white_vjp`;
+* a sub-step reads only its occupied slots: an empty slot (zero weights, zero information factor and data)
+  changes neither the value nor a gradient, so it is left out of the update instead of being carried at rank K;
 * a sub-step that does not predict skips the prediction instead of writing back what is there, and the
   prediction writes rows and copies them to the columns (the result is symmetric).
 
-BLAS runs on one thread per call (:func:`one_blas_thread`). :func:`msrm.gp.state_space.loglik` calls this
-through ``jax.pure_callback`` when the run was prepared with ``method="callback"`` (the default on a CPU with at
-least two cores); the XLA scan stays the path for accelerators and the reference it is tested against.
+:func:`msrm.gp.state_space.loglik` calls this through ``jax.pure_callback`` when the run was prepared with
+``method="callback"`` (the default on a CPU with at least two cores); the XLA scan stays the path for accelerators
+and the reference it is tested against.
+
+**BLAS threads.** :meth:`HostFilter.forward`, :meth:`HostFilter.value_and_grad` and :meth:`HostFilter.backward`
+choose their count afresh at every call and hold it for the call's duration (restoring the count in force
+around them afterwards): :func:`msrm.runtime.filter_thread_count` of the filter's largest product,
+
+.. math::
+
+    f = \max\bigl(2 S^2 R_{\max},\ 2 n_b \max(n_b, C)\, K S\bigr),
+
+the covariance update of the S states at the largest update rank :math:`R_{\max}` (occupied slots times K) and
+the bank move (:math:`n_b` bank states, blocks of C). With no explicit count
+(:func:`msrm.runtime.fixed_step_threads`) that is one thread for :math:`f < F_0`
+(:data:`msrm.runtime.DENSE_THREAD_MIN_FLOPS`), and otherwise a :func:`msrm.runtime.callback_threads` or
+``configure(blas_threads=)`` count, else the idle cores :math:`\max(1, \min(C_u, \lfloor C_u - \max(0, L_1 - 1)
+\rfloor))` (:math:`C_u` usable cores, :math:`L_1` the 1-minute load average when the call starts).
 
 Checkpointing is the same: the forward pass returns the state at the start of every chunk, and the reverse pass
 recomputes one chunk at a time (keeping that chunk's states) before running the adjoint over it.
@@ -29,11 +46,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from scipy.linalg import lapack
 
+from ... import runtime
 from .blas import gemm_acc, one_blas_thread
-from .filter import absorb_small_vjp, bank_block, qy, sym
+from .filter import bank_block, block_conditioning, event_code, qy, sym, white_vjp
 from .prepare import RunTables
 
-__all__ = ["HostFilter", "gemm_acc", "one_blas_thread", "pipeline_pays"]
+__all__ = ["HostFilter", "gemm_acc", "one_blas_thread", "pipeline_pays", "largest_product_flops"]
 
 # Whether the reverse pass recomputes on a second thread. Below some size a sub-step's BLAS work is too small to
 # outweigh the GIL-held Python and small-array work the second thread contends for, so the one-thread pass is
@@ -64,6 +82,14 @@ def pipeline_pays(n_states: int, rank: float, K: int, coefficients=None) -> bool
     return blas >= PIPELINE_BLAS_OVER_FIXED * tuning.OPS_PER_SUB_STEP * c.call_s
 
 
+def largest_product_flops(n_states: int, max_rank: int, K: int, n_bank: int = 0, block: int = 0) -> float:
+    """Floating-point operations of the host filter's largest BLAS product: the covariance update
+    ``2 S^2 R_max`` (S states, update rank ``R_max``) or the bank move ``2 n_b max(n_b, C) K S``, whichever is
+    larger (the size :func:`msrm.runtime.filter_thread_count` chooses the BLAS threads by)."""
+    S = float(n_states)
+    return max(2.0 * S * S * max_rank, 2.0 * n_bank * max(n_bank, block) * K * S)
+
+
 def _copy_into(out: np.ndarray, x: np.ndarray) -> np.ndarray:
     np.copyto(out, x)
     return out
@@ -86,6 +112,9 @@ class HostFilter:
         self._occupied = [None if o.all() else np.flatnonzero(o) for o in occupied]
         counts = occupied.sum(axis=1)
         rank = float(counts[counts > 0].mean()) * self.K if counts.any() else 0.0
+        # the size BLAS threads are chosen by (msrm.runtime.filter_thread_count)
+        self.blas_flops = largest_product_flops(self.S, int(counts.max(initial=0)) * self.K, self.K, self.n,
+                                                self.C)
         # the second thread pays off only when BLAS time, which runs without the GIL, outweighs the GIL-held
         # Python and small-array work of a sub-step
         self.pipeline_pays = pipeline_pays(self.S, rank, self.K)
@@ -94,33 +123,46 @@ class HostFilter:
             bb = bank_block(t)
             self.Mc, self.Vc = bb["Mc"], bb["Vc"]
 
+    def blas_threads(self) -> int:
+        """The BLAS thread count a call would take now (:func:`msrm.runtime.filter_thread_count` of
+        :attr:`blas_flops`)."""
+        return runtime.filter_thread_count(self.blas_flops)
+
+    def blas_limit(self):
+        """Context: BLAS on :meth:`blas_threads` threads while it is open (from whichever thread enters it, JAX's
+        callback threads included); yields the count."""
+        return runtime.callback_blas_limit(context="state-space host filter", threads=self.blas_threads())
+
     # ------------------------------------------------------------------ pieces
+    def occupied(self, i):
+        """Sub-step i's occupied node slots (indices), or None when every slot is occupied."""
+        return self._occupied[i]
+
     def ring_row(self, b):
         """First state row of block b's ring slots."""
         return int(b % self.nblk) * self.C * self.K
 
-    def _small(self, mu, Cm, Lb, e, value=True):
-        """(G⁻¹v, sym(G⁻¹Λ), log Z, bad, G⁻¹) from one LU of G = I + Λ C (log Z and bad only with ``value``)."""
+    def _small(self, mu, Cm, Rb, y, value=True):
+        """The small part of an absorb as :func:`.filter.white_values` forms it: (G⁻¹v, G⁻¹Λ, log Z', bad, L, W,
+        u, κ); log Z', bad and κ (:func:`.filter.block_conditioning`) only with ``value``. When ``G_s`` has no
+        Cholesky factor (the covariance lost definiteness) everything is NaN and bad is 1, as in the XLA filter."""
         R = Cm.shape[0]
-        G = Lb @ Cm
-        G.flat[:: R + 1] += 1.0
-        lu, piv, info = lapack.dgetrf(G)
-        if info != 0:  # exactly singular G (or a bad argument): no inverse; the step counts as bad
-            Z = np.linalg.pinv(G)
-        else:
-            Z, _ = lapack.dgetri(lu, piv)
-        Lmu = Lb @ mu
-        v = e - Lmu
-        Giv = Z @ v
-        GiL = sym(Z @ Lb)
+        Gs = Rb @ Cm @ Rb.T
+        Gs += Gs.T
+        Gs *= 0.5
+        Gs.flat[:: R + 1] += 1.0
+        L, info = lapack.dpotrf(Gs, lower=1, clean=1)
+        if info != 0:
+            L = np.full((R, R), np.nan)
+        X, _ = lapack.dtrtrs(L, np.column_stack([Rb, y - Rb @ mu]), lower=1)
+        W, u = X[:, :R], X[:, R]
+        Giv, GiL = W.T @ u, W.T @ W
         if not value:
-            return Giv, GiL, 0.0, 0, Z
-        d = lu.diagonal()
-        flips = np.count_nonzero(d < 0) + np.count_nonzero(piv != self._arange(R))
-        bad = int(info != 0 or flips % 2 == 1)
-        logdet = float(np.log(np.abs(d)).sum())
-        logZ = -0.5 * float(mu @ Lmu) + float(e @ mu) + 0.5 * float(v @ (Cm @ Giv)) - 0.5 * logdet
-        return Giv, GiL, logZ, bad, Z
+            return Giv, GiL, 0.0, 0, L, W, u, 1.0
+        d = L.diagonal()
+        logZ = -0.5 * float(u @ u) - float(np.log(d).sum())
+        kappa = float(np.max(block_conditioning(Gs.diagonal(), d)))
+        return Giv, GiL, logZ, int(info != 0), L, W, u, kappa
 
     def _arange(self, R):
         a = self._ar.get(R)
@@ -179,39 +221,44 @@ class HostFilter:
         m[rows[0]] = y[:C].reshape(-1)
         m[rows[1]] = y[C:].reshape(-1)
 
-    def _slots(self, i, A, Ls, e):
-        """Sub-step i's weights (M', Q), Λ blocks (M', K, K) and η (M' K,) over its occupied slots."""
+    def _slots(self, i, A, Rs, ys):
+        """Sub-step i's weights (M', Q), information factors (M', K, K) and whitened data (M' K,) over its
+        occupied slots."""
         j = self._occupied[i]
         if j is None:
-            return A[i], Ls[i], e[i]
-        return A[i][j], Ls[i][j], e[i].reshape(-1, self.K)[j].reshape(-1)
+            return A[i], Rs[i], ys[i]
+        return A[i][j], Rs[i][j], ys[i].reshape(-1, self.K)[j].reshape(-1)
 
-    def _step(self, m, P, i, A, Ls, e, T, Qy, keep=None, value=True, buf=None):
-        """One sub-step in place; returns (log Z, bad). ``keep`` (a dict) receives what the reverse pass reads
-        (the covariance copied into ``buf`` when given); with ``value=False`` log Z and bad are not computed and
+    def _step(self, m, P, i, A, Rs, ys, T, Qy, keep=None, value=True, buf=None):
+        """One sub-step in place; returns (log Z', bad, κ). ``keep`` (a dict) receives what the reverse pass reads
+        (the covariance copied into ``buf`` when given); with ``value=False`` log Z' and bad are not computed and
         are returned as 0."""
         K, S, Q = self.K, self.S, self.Q
-        Ai, Li, ei = self._slots(i, A, Ls, e)
+        Ai, Ri, yi = self._slots(i, A, Rs, ys)
         R = Ai.shape[0] * K
         Pk = None if keep is None else P.copy() if buf is None else _copy_into(buf, P)
         if R == 0:  # no node ends in this block: the prediction only
             if keep is not None:
                 keep.update(m=m.copy(), P=Pk, R=0)
             self._maybe_predict(m, P, i, T, Qy, keep)
-            return 0.0, 0
+            return 0.0, 0, 1.0
         Ut = (Ai @ P.reshape(Q, K * S)).reshape(R, S)  # B P; U = Ut.T
         U = np.ascontiguousarray(Ut.T)
         mu = (Ai @ m.reshape(Q, K)).reshape(R)
         Cm = sym((Ai @ U.reshape(Q, K * R)).reshape(R, R))
-        Lb = self._blockdiag(Li)
-        Giv, GiL, logZ, bad, Z = self._small(mu, Cm, Lb, ei, value=value)
+        Rb = self._blockdiag(Ri)
+        Giv, GiL, logZ, bad, L, W, u, kappa = self._small(mu, Cm, Rb, yi, value=value)
         if keep is not None:
-            keep.update(m=m.copy(), P=Pk, R=R, A=Ai, e=ei, Z=Z, U=U, mu=mu, Cm=Cm, Lb=Lb, Giv=Giv, GiL=GiL)
-        m += U @ Giv
-        # P <- P - U (GiL Ut), in place: P.T is the same memory in Fortran order
-        gemm_acc(-1.0, (GiL @ Ut).T, U.T, P.T)
+            keep.update(m=m.copy(), P=Pk, R=R, A=Ai, y=yi, Rb=Rb, L=L, U=U, mu=mu, Cm=Cm, Giv=Giv, GiL=GiL, W=W,
+                        u=u)
+        # m + U G⁻¹v and P - U G⁻¹Λ Uᵀ through V = W Uᵀ (see filter.absorb_state: the products that round with
+        # the size of the posterior, not of the prior)
+        V = W @ Ut
+        m += V.T @ u
+        # P <- P - Vᵀ V, in place: P.T is the same memory in Fortran order
+        gemm_acc(-1.0, V.T, np.asfortranarray(V), P.T)
         self._maybe_predict(m, P, i, T, Qy, keep)
-        return logZ, bad
+        return logZ, bad, kappa
 
     def _maybe_predict(self, m, P, i, T, Qy, keep):
         """The prediction after sub-step i, if it predicts; ``keep`` also receives what the adjoint of the SDE
@@ -233,15 +280,24 @@ class HostFilter:
         self.predict_step(m, P, b, T, Qy)
 
     # ------------------------------------------------------------------ passes
-    def forward(self, A, Ls, e, T, Qb, m0, P0, keep_starts: bool, keep_last: bool = False):
-        """(log Z sum, bad count[, chunk-start means (n_chunks, S), covariances (n_chunks, S, S)[, last]]).
+    def forward(self, A, Rs, ys, T, Qb, m0, P0, keep_starts: bool, keep_last: bool = False):
+        """(log Z sum, event code[, chunk-start means (n_chunks, S), covariances (n_chunks, S, S)[, last]]); the
+        event code (:func:`.filter.event_code`) counts the steps that lost definiteness and carries the accuracy
+        level of the blocks.
 
         ``keep_last`` (with ``keep_starts``): also return what the reverse pass reads for each sub-step of the
-        last chunk (as :meth:`recompute` would), so that :meth:`backward` need not recompute that chunk."""
+        last chunk (as :meth:`recompute` would), so that :meth:`backward` need not recompute that chunk.
+        ``Rs`` (T, M, K, K), ``ys`` (T, M K): the slots' information factors and whitened data
+        (:func:`.filter.step_tables`).
+        BLAS runs on :meth:`blas_threads` threads, chosen at the call."""
+        with self.blas_limit():
+            return self._forward(A, Rs, ys, T, Qb, m0, P0, keep_starts, keep_last)
+
+    def _forward(self, A, Rs, ys, T, Qb, m0, P0, keep_starts: bool, keep_last: bool = False):
         t = self.t
         Qy = qy(Qb, np)
         m, P = np.array(m0, dtype=np.float64), np.array(P0, dtype=np.float64, order="C")
-        ll, bad, last = 0.0, 0, []
+        ll, bad, kap, last = 0.0, 0, 1.0, []
         if keep_starts:
             sm, sP = np.empty((t.n_chunks, self.S)), np.empty((t.n_chunks, self.S, self.S))
         for c in range(t.n_chunks):
@@ -250,26 +306,30 @@ class HostFilter:
             keep = keep_starts and keep_last and c == t.n_chunks - 1
             for i in range(c * t.chunk, (c + 1) * t.chunk):
                 k = {} if keep else None
-                lz, bd = self._step(m, P, i, A, Ls, e, T, Qy, keep=k)
+                lz, bd, kp = self._step(m, P, i, A, Rs, ys, T, Qy, keep=k)
                 if keep:
                     last.append(k)
                 ll += lz
                 bad += bd
+                kap = max(kap, kp)
+        bad = event_code(bad, kap, np)
         if not keep_starts:
             return ll, bad
         return (ll, bad, sm, sP, last) if keep_last else (ll, bad, sm, sP)
 
-    def value_and_grad(self, A, Ls, e, T, Qb, m0, P0, pipeline: bool = False):
-        """(log Z sum, bad count, adjoints of the log Z sum (Ā, Λ̄ blocks, η̄, T̄, Q̄_b, m̄0, P̄0)) in one call.
+    def value_and_grad(self, A, Rs, ys, T, Qb, m0, P0, pipeline: bool = False):
+        """(log Z' sum, event code, adjoints of the log Z' sum (Ā, R̄ blocks, ỹ̄, T̄, Q̄_b, m̄0, P̄0)) in one call.
 
         The log Z sum is a scalar and its reverse pass is linear in the cotangent, so the adjoints at cotangent 1
         serve every cotangent, scaled. Computed here, straight after the forward pass, they need no recomputation
-        of the last chunk, and with a single chunk (every sub-step kept) none at all."""
-        ll, bad, sm, sP, last = self.forward(A, Ls, e, T, Qb, m0, P0, keep_starts=True, keep_last=True)
-        grads = self.backward(A, Ls, e, T, Qb, sm, sP, 1.0, pipeline=pipeline, last=last)
+        of the last chunk, and with a single chunk (every sub-step kept) none at all. BLAS runs on
+        :meth:`blas_threads` threads, chosen once for both passes."""
+        with self.blas_limit():
+            ll, bad, sm, sP, last = self._forward(A, Rs, ys, T, Qb, m0, P0, keep_starts=True, keep_last=True)
+            grads = self._backward(A, Rs, ys, T, Qb, sm, sP, 1.0, pipeline=pipeline, last=last)
         return ll, bad, grads
 
-    def recompute(self, c, A, Ls, e, T, Qy, sm, sP, bufs=None):
+    def recompute(self, c, A, Rs, ys, T, Qy, sm, sP, bufs=None):
         """Chunk c's sub-steps again from its start state; what each one's reverse step reads, in order.
         ``bufs``: one S x S array per sub-step to keep its covariance in (see :meth:`backward`)."""
         t = self.t
@@ -277,7 +337,7 @@ class HostFilter:
         kept = []
         for j, i in enumerate(range(c * t.chunk, (c + 1) * t.chunk)):
             k = {}
-            self._step(m, P, i, A, Ls, e, T, Qy, keep=k, value=False, buf=None if bufs is None else bufs[j])
+            self._step(m, P, i, A, Rs, ys, T, Qy, keep=k, value=False, buf=None if bufs is None else bufs[j])
             kept.append(k)
         return kept
 
@@ -290,22 +350,27 @@ class HostFilter:
         and from 23 000 to 4 000 at x8 (K = 5); the time changed by less than the machine's noise."""
         return [np.empty((self.S, self.S)) for _ in range(self.t.chunk)]
 
-    def backward(self, A, Ls, e, T, Qb, sm, sP, gll, pipeline: bool = False, last=None):
-        """Adjoints (Ā, Λ̄ blocks, η̄, T̄, Q̄_b, m̄0, P̄0) of the log Z sum, scaled by ``gll``.
+    def backward(self, A, Rs, ys, T, Qb, sm, sP, gll, pipeline: bool = False, last=None):
+        """Adjoints (Ā, R̄ blocks, ỹ̄, T̄, Q̄_b, m̄0, P̄0) of the log Z' sum, scaled by ``gll``.
 
         ``pipeline``: recompute chunk c - 1 on a second thread while the reverse pass runs over chunk c (two
         chunks' states are then held at once). BLAS and most NumPy loops release the GIL, so on two cores the
         recomputation mostly hides behind the reverse pass; Ā (which nothing later reads) is then also formed on
         that thread. The result is the same to the last bit.
         ``last``: the last chunk's kept sub-steps from :meth:`forward` (``keep_last``), used instead of
-        recomputing that chunk.
+        recomputing that chunk. BLAS runs on :meth:`blas_threads` threads, chosen at the call (the count is
+        process-wide, so the second thread's calls run on it too).
         """
+        with self.blas_limit():
+            return self._backward(A, Rs, ys, T, Qb, sm, sP, gll, pipeline, last)
+
+    def _backward(self, A, Rs, ys, T, Qb, sm, sP, gll, pipeline: bool = False, last=None):
         t, S = self.t, self.S
         Qy = qy(Qb, np)
-        Ab, Lsb, eb = np.zeros_like(A), np.zeros_like(Ls), np.zeros_like(e)
+        Ab, Rsb, yb = np.zeros_like(A), np.zeros_like(Rs), np.zeros_like(ys)
         Tb, Qbb = np.zeros_like(T), np.zeros_like(Qb)
         mb, Pb = np.zeros(S), np.zeros((S, S))
-        args = (A, Ls, e, T, Qy, sm, sP)
+        args = (A, Rs, ys, T, Qy, sm, sP)
         start = t.n_chunks - 1 if last is None else t.n_chunks - 2  # the last chunk to recompute
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msrm-recompute") if (
             pipeline and t.n_chunks > 1) else None
@@ -320,7 +385,7 @@ class HostFilter:
                 else:
                     kept = nxt.result()
                     nxt = pool.submit(self.recompute, c - 1, *args, self.buffers()) if c > 0 else None
-                deferred = self.reverse_chunk(c, kept, T, gll, Lsb, eb, Tb, Qbb, mb, Pb)
+                deferred = self.reverse_chunk(c, kept, T, gll, Rsb, yb, Tb, Qbb, mb, Pb)
                 if pool is None:
                     self._weight_adjoints(deferred, Ab)
                 else:
@@ -330,9 +395,9 @@ class HostFilter:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
-        return Ab, Lsb, eb, Tb, Qbb, mb, Pb
+        return Ab, Rsb, yb, Tb, Qbb, mb, Pb
 
-    def reverse_chunk(self, c, kept, T, gll, Lsb, eb, Tb, Qbb, mb, Pb):
+    def reverse_chunk(self, c, kept, T, gll, Rsb, yb, Tb, Qbb, mb, Pb):
         """The reverse pass over chunk c (in place on the adjoint accumulators except Ā); returns what
         :meth:`_weight_adjoints` needs for Ā."""
         t, K, S = self.t, self.K, self.S
@@ -351,14 +416,14 @@ class HostFilter:
                     self._bank_rows_transpose(b, mb[:, None])
             if not R:
                 continue
-            Z, U, mu, Cm, Lb, Giv, GiL, Ai = (k[n] for n in ("Z", "U", "mu", "Cm", "Lb", "Giv", "GiL", "A"))
+            U, mu, Cm, Rb, Giv, GiL, Ai = (k[n] for n in ("U", "mu", "Cm", "Rb", "Giv", "GiL", "A"))
             M = Ai.shape[0]
             # absorb
             Yp = Pb @ U
             Ub = np.outer(mb, Giv) - 2.0 * Yp @ GiL
             GiLb = -(U.T @ Yp)
             Givb = U.T @ mb
-            mub, Cb, Lbb, ebi = absorb_small_vjp(mu, Cm, Lb, k["e"], Z, Giv, (Givb, GiLb, gll), xp=np)
+            mub, Cb, Rbb, ybi = white_vjp(mu, Cm, Rb, k["y"], k["L"], (Givb, GiLb, gll), xp=np, W=k["W"], u=k["u"])
             Cb = sym(Cb)
             # C = B U
             Cb3 = Cb.reshape(M, K * R)
@@ -375,10 +440,10 @@ class HostFilter:
             idx = np.arange(M)
             j = self._occupied[i]
             if j is None:
-                Lsb[i], eb[i] = Lbb.reshape(M, K, M, K)[idx, :, idx, :], ebi
+                Rsb[i], yb[i] = Rbb.reshape(M, K, M, K)[idx, :, idx, :], ybi
             else:
-                Lsb[i][j] = Lbb.reshape(M, K, M, K)[idx, :, idx, :]
-                eb[i].reshape(-1, K)[j] = ebi.reshape(M, K)
+                Rsb[i][j] = Rbb.reshape(M, K, M, K)[idx, :, idx, :]
+                yb[i].reshape(-1, K)[j] = ybi.reshape(M, K)
             deferred.append((i, Cb3, U, mub2, mi, U3, Pi))
         return deferred
 

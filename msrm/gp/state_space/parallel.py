@@ -36,7 +36,7 @@ import numpy as np
 from jax import lax
 
 from ..linalg import per_item_on_cpu
-from .filter import bank_matrices, group_readouts, node_arrays, slot_information, transition_blocks
+from .filter import bank_matrices, event_code, group_readouts, node_arrays, slot_information, transition_blocks
 from .prepare import RunTables
 
 __all__ = ["shift_transition", "observation_map", "observation_matrices", "combine", "run_loglik_parallel"]
@@ -192,7 +192,9 @@ def combine(ei, ej):
 
 
 def run_loglik_parallel(theta, run):
-    """Log likelihood of one run by the associative scan; (value, count of non-finite combines)."""
+    """Log likelihood of one run by the associative scan; (value, event code: the count of non-finite combines,
+    and the rounding level of the data term when the data are precise enough for it to matter,
+    :func:`.filter.event_code`)."""
     t: RunTables = run.tables
     Lam, eta, const = node_arrays(theta, run)
     readouts = group_readouts(theta, t)
@@ -208,4 +210,8 @@ def run_loglik_parallel(theta, run):
     elems = jax.tree_util.tree_map(lambda a, r: jnp.concatenate([a[None], r]), first, rest)
     out = lax.associative_scan(lambda ei, ej: per_item_on_cpu(combine, ei, ej), elems)
     total = out[5][-1]
-    return -0.5 * const + total, jnp.sum(~jnp.isfinite(out[5])).astype(jnp.int32)
+    bad = jnp.sum(~jnp.isfinite(out[5])).astype(jnp.int32)
+    # the density is −const/2 plus a sum of elements of the same size at precise data: report the rounding of that
+    # difference (about ε |const|: 10⁻² nats at noise 10⁻⁶ of the signal with 60 values)
+    rounding = lax.stop_gradient(jnp.finfo(jnp.float64).eps * jnp.abs(const))
+    return -0.5 * const + total, event_code(bad, jnp.ones(()), rounding=rounding)
