@@ -19,7 +19,6 @@ import functools
 import math
 import os
 import platform as _platform
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -598,23 +597,6 @@ def check_oversubscription(threads: int | None = None, *, context: str = "BLAS")
     return False
 
 
-@functools.lru_cache(maxsize=1)
-def _git_commit() -> str | None:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
-        if out.returncode != 0:
-            return None
-        commit = out.stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "msrm", "data_synth"],
-            cwd=root, capture_output=True, text=True, timeout=5,
-        )
-        return commit + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def _loadavg() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -632,7 +614,7 @@ def _version(name: str) -> str | None:
 
 
 def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
-    """Where and how a computation ran: backend, devices, dtype, versions, threads, BLAS kernel, commit.
+    """Where and how a computation ran: backend, devices, dtype, versions, threads, BLAS kernel, load.
 
     Args:
         include_jax: query JAX for backend/devices/dtype. ``None`` (default) does so only if JAX is already
@@ -672,7 +654,6 @@ def execution_info(include_jax: bool | None = None) -> dict[str, Any]:
         "hostname": _platform.node(),
         # background load when the evidence was recorded: timings taken under load are upper bounds
         "load_average_1m": _loadavg(),
-        "git_commit": _git_commit(),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     if include_jax is None:

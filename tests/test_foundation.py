@@ -266,8 +266,9 @@ def test_import_msrm_does_not_import_jax():
 def test_execution_info_fields():
     info = msrm.runtime.execution_info(include_jax=False)
     for key in ("backend", "devices", "dtype", "numpy", "blas", "blas_threads", "cpu_model", "physical_cores",
-                "git_commit", "openblas_coretype"):
+                "openblas_coretype", "load_average_1m"):
         assert key in info
+    assert "git_commit" not in info  # checkout bookkeeping is msrm_lab.provenance's
     assert info["backend"] == "numpy"
     info = msrm.runtime.execution_info(include_jax=True)
     assert info["backend"] == "cpu" and info["devices"]

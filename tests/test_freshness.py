@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import msrm
 from msrm_lab import freshness as fr
 from msrm_lab.paths import repo_root
 
@@ -143,3 +144,17 @@ def test_show_notices_displays_only_stale_notebooks(repo, monkeypatch):
     assert len(notices) == 1 and notices[0].startswith("```{warning}")
     assert len(shown) == 1 and shown[0].data == notices[0]
     assert fr.show_notices(["fresh"], rows, r) == [] and len(shown) == 1
+
+
+def test_provenance_adds_the_checkout_commit_to_the_library_info():
+    from msrm_lab import provenance
+
+    info = provenance.execution_info(include_jax=False)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=provenance._ROOT, capture_output=True, text=True)
+    if head.returncode != 0:
+        assert info["git_commit"] is None
+    else:
+        assert info["git_commit"].split("-")[0] == head.stdout.strip()
+    assert {k: v for k, v in info.items() if k not in ("git_commit", "timestamp", "load_average_1m")} == {
+        k: v for k, v in msrm.runtime.execution_info(include_jax=False).items()
+        if k not in ("timestamp", "load_average_1m")}

@@ -191,7 +191,8 @@ def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: 
     """Rows of experiment ``diagnostics`` for every case of the profile: the well mixed cases of :data:`SIZES`,
     case ``poor_mixing`` for each of :data:`DRAW_KINDS` and, with ``first_call``, case ``first_call``."""
     from msrm import diagnostics as diag
-    from msrm.runtime import blas_threads, execution_info
+    from msrm.runtime import blas_threads
+    from msrm_lab.provenance import execution_info
 
     if profile not in SIZES:
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")

@@ -34,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from msrm.runtime import execution_info, physical_cores
+from msrm.runtime import physical_cores
+
+from msrm_lab.provenance import execution_info
 from .measure import PeakMemory, side_by_side, warm_median
 from .rows import make_row, write_rows
 

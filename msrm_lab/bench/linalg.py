@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from msrm.runtime import execution_info
+from msrm_lab.provenance import execution_info
 from .measure import PeakMemory, block, warm_median
 from .rows import make_row
 

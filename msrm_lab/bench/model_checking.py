@@ -56,7 +56,7 @@ def choose_k_rows(profile: str, *, info=None, n_jobs: int | None = 1) -> list[di
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
     sz = SIZES[profile]
     if info is None:
-        from msrm.runtime import execution_info
+        from msrm_lab.provenance import execution_info
 
         info = execution_info()
     data, truth = data_synth.synthetic_dataset(n_factors=sz["true_k"], **sz["study"])

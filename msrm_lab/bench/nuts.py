@@ -102,7 +102,7 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
             ``None`` takes the profile's choice (``"native"`` for smoke/quick, ``"auto"`` otherwise). The other
             path's ``value_and_grad`` is timed beside it.
     """
-    from msrm.runtime import execution_info
+    from msrm_lab.provenance import execution_info
 
     if profile not in SIZES:
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
@@ -287,7 +287,7 @@ def chain_rows(profile: str = "quick", *, info: dict | None = None, linear_algeb
     data-driven start before the chain and ``repeats`` times at its last draw after it; its median over both
     divides the seconds per leapfrog of sampling.
     """
-    from msrm.runtime import execution_info
+    from msrm_lab.provenance import execution_info
 
     if profile not in CHAIN_SIZES:
         raise ValueError(f"profile must be one of {sorted(CHAIN_SIZES)}, got {profile!r}")

@@ -486,7 +486,7 @@ def recovery_rows(profile: str, *, info=None, keep: dict | None = None, n_jobs: 
     from msrm.parallel import run_tasks
 
     if info is None:
-        from msrm.runtime import execution_info
+        from msrm_lab.provenance import execution_info
 
         info = execution_info()
     fig = sz.get("figure") or {}

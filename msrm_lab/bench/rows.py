@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from msrm import atomic
-from msrm.runtime import execution_info
+from msrm_lab.provenance import execution_info
 
 __all__ = ["make_row", "write_rows", "read_rows", "STATUSES"]
 

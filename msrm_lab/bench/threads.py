@@ -41,7 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from msrm.runtime import callback_threads, execution_info, physical_cores
+from msrm.runtime import callback_threads, physical_cores
+
+from msrm_lab.provenance import execution_info
 from .linalg import peak_rss_delta, potrf_potri_callback, spd_matrix
 from .measure import block
 from .rows import make_row, write_rows

@@ -188,7 +188,8 @@ def gp_map_rows(profile: str = "quick", *, info: dict | None = None) -> list[dic
     """
     if profile not in SIZES:
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
-    from msrm.runtime import compilation_cache, execution_info
+    from msrm.runtime import compilation_cache
+    from msrm_lab.provenance import execution_info
 
     info = info if info is not None else execution_info(include_jax=True)
     sz = SIZES[profile]

@@ -110,7 +110,7 @@ def warm_start_rows(profile: str = "quick", *, info: dict | None = None, repeats
         python: the interpreter of the child processes (default: this one), e.g. an environment with another JAX
             version; the rows record the children's JAX version (``jax_child``).
     """
-    from msrm.runtime import execution_info
+    from msrm_lab.provenance import execution_info
 
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from msrm import atomic
-from msrm.runtime import execution_info
+from msrm_lab.provenance import execution_info
 
 from ..processes import kill_group
 from .parts import FAIL_ENV, PARTS, PROFILES

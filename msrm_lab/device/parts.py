@@ -76,7 +76,7 @@ def _injected(name: str) -> None:
 
 
 def _info():
-    from msrm.runtime import execution_info
+    from msrm_lab.provenance import execution_info
 
     return execution_info(include_jax=True)
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from msrm import atomic
-from msrm.runtime import execution_info
+from msrm_lab.provenance import execution_info
 from ..paths import repo_root
 from ..processes import kill_group
 from ..bench.rows import read_rows, write_rows
