@@ -32,7 +32,10 @@ from msrm.nodes import response_groups
 from msrm.operators import response_weights
 from msrm.spec import latent_grid
 
-__all__ = ["MATERN_P", "mp_matern", "mp_loglik", "mp_latent_posterior", "corner_case"]
+__all__ = ["DIGITS", "MATERN_P", "mp_matern", "mp_loglik", "mp_latent_posterior", "corner_case"]
+
+#: decimal digits of the reference arithmetic (mpmath's ``dps``)
+DIGITS = 50
 
 MATERN_P = {"matern12": 0, "matern32": 1, "matern52": 2, "matern72": 3}
 
@@ -123,7 +126,7 @@ def _run_pieces(run, spec, params, groups, dps: int):
     return _cholesky(S), Hs, P, resid, grid, K
 
 
-def mp_loglik(data, spec, params, dps: int = 50):
+def mp_loglik(data, spec, params, dps: int = DIGITS):
     """``log p(Y | params)`` summed over runs, to about ``dps`` digits (an ``mpmath.mpf``)."""
     mp = _mp()
     params.validate(data, spec)
@@ -138,7 +141,7 @@ def mp_loglik(data, spec, params, dps: int = 50):
     return total
 
 
-def mp_latent_posterior(data, spec, params, dps: int = 50) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def mp_latent_posterior(data, spec, params, dps: int = DIGITS) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Per run ``(grid (J,), mean (J, K), sd (J, K))`` of the latent posterior, rounded to float64 at the end."""
     mp = _mp()
     params.validate(data, spec)
