@@ -12,11 +12,13 @@ from . import kernels, responses, runtime
 from .align import Alignment, align  # the function shadows the submodule
 from .data import Dataset, Run, Stream
 from .latent import LatentPosterior, Prediction
+from .newcomer import project_participant
 from .nodes import count_nodes, prepare_nodes, response_groups
 from .operators import response_weights, response_weights_csr
 from .params import Params
 from .responses import GaussianLag, GaussianWidthLag, Identity
 from .spec import ModelSpec, latent_grid
+from .select import select  # the function shadows the submodule (NumPy at import; JAX only inside its fits)
 from .validation import CVResult, NotConvergedError, cross_validate
 
 __version__ = "0.1.0"
@@ -26,7 +28,7 @@ __all__ = [
     "Params", "GPMSRM", "fit_rmsrm", "load_rfit", "RFit", "diagnostics", "runtime", "parallel",
     "response_weights", "response_weights_csr", "prepare_nodes", "response_groups", "count_nodes", "kernels",
     "responses", "LatentPosterior", "Prediction", "HRF", "align", "Alignment", "cross_validate", "CVResult",
-    "NotConvergedError", "plot",
+    "NotConvergedError", "plot", "project_participant", "select",
 ]
 
 # Resolved on first access so that `import msrm` never imports JAX (R-MSRM is NumPy/SciPy only).

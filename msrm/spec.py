@@ -10,9 +10,11 @@ import numpy as np
 from .kernels import KERNELS, Kernel, get_kernel
 from .responses import Response, response_from_dict
 
-__all__ = ["ModelSpec", "latent_grid", "KERNELS", "POOLINGS"]
+__all__ = ["ModelSpec", "latent_grid", "KERNELS", "POOLINGS", "AUTO_KERNEL"]
 
 POOLINGS = ("shared", "individual")
+#: ``ModelSpec(kernel=AUTO_KERNEL)``: the kernel is chosen from the data when a GP model is built (msrm.select).
+AUTO_KERNEL = "auto"
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,9 @@ class ModelSpec:
     Args:
         n_factors: K >= 1 latent factors.
         latent_dt: grid step Delta in seconds (> 0).
-        kernel: GP prior kernel, a name in :data:`msrm.kernels.KERNELS` (e.g. ``"matern32"``).
+        kernel: GP prior kernel, a name in :data:`msrm.kernels.KERNELS` (e.g. ``"matern32"``), or ``"auto"``:
+            ``msrm.GPMSRM`` then chooses it by the marginal likelihood (:func:`msrm.select.select_kernel`, recorded
+            as ``model.selection``); ``msrm.fit_rmsrm`` has no GP prior to choose with and refuses it.
         pooling: ``"shared"`` (one response theta per modality) or ``"individual"`` (one per stream).
         latent_pad: seconds of grid before t = 0; ``None`` = the largest response support the bounds allow
             (the largest ``Response.max_support``: lag_max + 4 width_max for a Gaussian response, delay_max +
@@ -48,7 +52,8 @@ class ModelSpec:
         if not math.isfinite(dt) or dt <= 0:
             raise ValueError(f"latent_dt must be finite and > 0, got {self.latent_dt!r}")
         object.__setattr__(self, "latent_dt", dt)
-        get_kernel(self.kernel)  # ValueError naming the known kernels
+        if self.kernel != AUTO_KERNEL and (not isinstance(self.kernel, str) or self.kernel not in KERNELS):
+            raise ValueError(f"kernel must be one of {tuple(KERNELS)} or {AUTO_KERNEL!r}, got {self.kernel!r}")
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         if self.latent_pad is not None:
@@ -71,7 +76,10 @@ class ModelSpec:
 
     @property
     def prior(self) -> Kernel:
-        """The kernel object named by ``kernel`` (:data:`msrm.kernels.KERNELS`)."""
+        """The kernel object named by ``kernel`` (:data:`msrm.kernels.KERNELS`); ValueError for ``"auto"``."""
+        if self.kernel == AUTO_KERNEL:
+            raise ValueError("spec.kernel is 'auto', which names no kernel yet: build msrm.GPMSRM (it chooses one) "
+                             "or call msrm.select(data, spec) and use its .spec")
         return get_kernel(self.kernel)
 
     def response(self, modality: str) -> Response:

@@ -58,6 +58,8 @@ class MAPResult:
             before; ``optimiser``: the optimiser runs after it, of which ``in_value_and_grad`` inside the model;
             ``total``), and one summary per restart.
         execution_info: where it ran (backend, devices, dtype, versions, commit).
+        selection: the model's :class:`msrm.select.Selection` when its spec said ``kernel="auto"`` (the chosen
+            spec and the candidates' table), else None; not archived by :meth:`save`.
     """
 
     params: Any
@@ -67,6 +69,7 @@ class MAPResult:
     converged: bool
     diagnostics: dict = field(default_factory=dict)
     execution_info: dict = field(default_factory=dict)
+    selection: Any = None
 
     def save(self, path: str | Path) -> Path:
         """Write ``<stem>.npz`` (u, history, flattened params) then ``<stem>.json`` (the rest + npz checksum).
@@ -295,6 +298,7 @@ def fit_map(
         converged=b["success"],
         diagnostics=diagnostics,
         execution_info=info,
+        selection=getattr(model, "selection", None),
     )
     if archive is not None:
         result.save(archive)

@@ -69,7 +69,9 @@ class GPMSRM:
 
     Args:
         data: the Dataset.
-        spec: the ModelSpec.
+        spec: the ModelSpec. ``kernel="auto"`` chooses the kernel first (:func:`msrm.select.resolve_auto_kernel`:
+            every kernel's marginal likelihood from one shared R-MSRM start); ``model.spec`` then holds the chosen
+            kernel and ``model.selection`` the :class:`msrm.select.Selection` (None otherwise).
         linear_algebra: a backend name: ``"grouped"`` (node-space Woodbury, default), ``"dense"`` (ungrouped
             reference), ``"state_space"`` (Kalman filter), or any name added with
             :func:`msrm.gp.backends.register_backend`.
@@ -100,6 +102,12 @@ class GPMSRM:
     def __init__(self, data: Dataset, spec: ModelSpec, linear_algebra: str = "grouped", *, method: str = "auto",
                  priors=None, devices=None, **options):
         self._check_arguments(data, spec, method)
+        self.selection = None  # kernel="auto": the msrm.Selection that chose the kernel
+        if spec.kernel == "auto":
+            from ..select import resolve_auto_kernel
+
+            spec, self.selection = resolve_auto_kernel(data, spec, linear_algebra=linear_algebra, method=method,
+                                                       priors=priors, devices=devices, **options)
         from .backends import get_backend, make_options
 
         self.backend = get_backend(linear_algebra)

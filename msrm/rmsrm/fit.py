@@ -281,6 +281,11 @@ def _check_args(data, spec, restarts, max_iter, tol, seed, objective, latent_sol
         raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
     if not isinstance(spec, ModelSpec):
         raise ValueError(f"spec must be an msrm.ModelSpec, got {type(spec).__name__}")
+    if spec.kernel == "auto":
+        # choosing a kernel needs the GP marginal likelihood (JAX); R-MSRM has no GP prior and never imports JAX
+        raise ValueError("fit_rmsrm: spec.kernel='auto' cannot be resolved by R-MSRM, whose objective has no GP "
+                         "prior to compare kernels with; call msrm.select(data, spec) and fit its .spec, or give "
+                         "a kernel name (it only sets the lengthscale estimate of an R-MSRM fit)")
     for name, v, lo in (("restarts", restarts, 1), ("max_iter", max_iter, 1), ("seed", seed, 0)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
