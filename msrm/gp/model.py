@@ -457,6 +457,14 @@ class GPMSRM:
 
         return sample(self, **kwargs)
 
+    def approximate_posterior(self, init=None, method: str = "laplace", num_samples: int = 1000, seed: int = 0,
+                              **kwargs):
+        """Laplace approximation ``N(u*, H^{-1})`` at the MAP in unconstrained space, drawn from into the same
+        result type as :meth:`sample` (one chain): forwards to :func:`msrm.gp.laplace.approximate_posterior`."""
+        from .laplace import approximate_posterior
+
+        return approximate_posterior(self, init=init, method=method, num_samples=num_samples, seed=seed, **kwargs)
+
     def __repr__(self) -> str:
         return (f"GPMSRM(linear_algebra={self.linear_algebra!r}, runs={len(self.data.runs)}, "
                 f"num_params={self.num_params}, nodes={self.node_counts})")
