@@ -86,6 +86,11 @@ MEASURED_PATHS: dict[str, tuple[str, ...]] = {
     # bench/time_to_result.py and bench/warm_start.py: GPMSRM, msrm.fit_rmsrm, the compilation cache
     "time_to_result": (_BENCH + "time_to_result.py", _BENCH + "warm_start.py", "data_synth/") + _GP
     + ("msrm/rmsrm/",),
+    # the notebook itself (no bench module): data_synth.bids, msrm.bids.load, msrm.select, GP-MAP from R-MSRM,
+    # msrm.variance_explained, msrm.align, msrm.project_participant, the MAP archive
+    "own_data": ("notebooks/14_own_data.ipynb", "data_synth/bids.py", "msrm/bids.py", "msrm/select.py",
+                 "msrm/newcomer.py", "msrm/explain.py", "msrm/align.py", "msrm/validation.py") + _GP
+    + ("msrm/rmsrm/",),
 }
 MEASURED_PATHS = {k: tuple(dict.fromkeys(v)) for k, v in MEASURED_PATHS.items()}
 
