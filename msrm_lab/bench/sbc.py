@@ -1,0 +1,423 @@
+r"""Simulation-based calibration (Talts et al. 2018) of GP-MSRM's posteriors on a tiny design.
+
+**Procedure.** For replication ``r`` (seeded by ``seed + r``; every draw below is deterministic given it):
+
+1. ``u_r = model.prior_draw(seed_r)`` (the package's priors, :mod:`msrm.gp.transforms`), ``theta_r =
+   model.constrain(u_r)``;
+2. data ``y_r ~ p(y | theta_r)`` with latents ``Z_r`` from the GP prior on the grid
+   (:func:`data_synth.simulate_params.simulate_from_params`);
+3. a posterior from ``y_r``: ``"nuts"`` (:meth:`msrm.GPMSRM.sample`, one short chain of ``L * thin`` draws, thinned
+   to ``L``) and/or ``"laplace"`` (:meth:`msrm.GPMSRM.approximate_posterior`, ``L`` independent draws);
+4. for every scalar test quantity ``f``, the rank ``rank_r = #{l : f(theta_l) < f(theta_r)}`` in ``{0, ..., L}``
+   (ties broken uniformly at random, :func:`ranks_of`).
+
+If the posterior is exact, ``theta_r`` and the ``L`` draws are exchangeable draws from ``p(theta | y_r)``, so
+``rank_r`` is uniform on ``{0, ..., L}`` whatever ``f`` is.
+
+**Fixed priors.** The model's default priors are set from the data scale; SBC needs one prior for every
+replication, fixed before any data are drawn. :func:`sbc_priors` gives the defaults of
+:data:`msrm.gp.transforms.PRIOR_DEFAULTS` at unit data scale (``mean_f = 0``, ``sd_f = 1`` for every feature:
+``W ~ N(0, 1)``, ``b ~ N(0, 2^2)``, ``log sigma ~ N(0, 1)``, ``log l ~ N(log(10 latent_dt), 1.5^2)``, lags uniform
+on their bounds); the same :class:`~msrm.gp.transforms.Priors` object draws ``theta_r`` and enters every fit.
+
+**Test quantities.** GP-MSRM leaves the sign of each factor free (``W -> -W``, ``Z -> -Z`` leaves the density
+unchanged) and a sampler stays near one sign, so sign-carrying quantities are made invariant with the reference
+sign ``s = sign(W_ref)``, ``W_ref`` the loading of the first feature of the first brain stream on factor 0:
+``|W_ref|``, ``s * W_{key, f, 0}`` for a few other loadings and ``s * Z_{j, 0}`` for a few grid points; lags,
+widths, lengthscales and one noise sd are ranked as they are. The design uses K = 1 (with K > 1 the factors may also
+rotate and swap, and only the sign- and order-free quantities would be valid). A latent value's posterior draw is
+``s_l * z`` with ``z ~ N(m_l, sd_l)``, the exact conditional posterior of ``Z_j`` given ``theta_l``
+(:meth:`msrm.gp.posterior.Posterior.latent_posterior`).
+
+**Uniformity.** Ranks are counted in ``B`` bins of equal width over ``{0, ..., L}`` (``L + 1`` divisible by
+``B``); the histogram is tested with Pearson's chi-square against ``n / B`` per bin (``B - 1`` degrees of
+freedom, :func:`chi_square_uniform`), and the randomised normalised ranks ``(rank + U) / (L + 1)``, ``U ~ U(0, 1)``
+(exactly U(0, 1) under calibration), with a one-sample Kolmogorov-Smirnov test (:func:`ks_uniform`). The row's
+``value`` is the chi-square p-value; the statistic, the KS statistic and p-value and the counts are extra fields.
+
+**Rows** (notebook ``"sbc"``, experiment ``"sbc"``): per (method, quantity) a ``chi_square_p`` row with
+``n_replications`` (successful), ``n_failed``, ``chi_square``, ``chi_square_df``, ``ks_statistic``, ``ks_p``,
+``num_bins``, ``num_draws`` (L), ``rank_counts`` (list of B ints, like other rows carry arrays: a JSON list in the
+row's params); per method a ``wall_s_per_replication`` row (median, with every replication's wall as a list); per
+failed replication an ``error`` row with the traceback's last line.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from .rows import make_row
+
+__all__ = ["SIZES", "ranks_of", "rank_histogram", "chi_square_uniform", "ks_uniform", "uniform_band",
+           "sbc_design", "sbc_priors", "quantities_of", "replication", "sbc_rows", "sbc_histograms"]
+
+NOTEBOOK = "sbc"
+EXPERIMENT = "sbc"
+
+_DESIGN = dict(duration=90.0, participants=2, n_brain_features=3, brain_dt=2.0, rating_dt=1.0, latent_dt=1.0,
+               n_factors=1, kernel="matern32", lag_bounds=(0.0, 5.0), rating_width=1.5)
+SIZES: dict[str, dict[str, Any]] = {
+    # a few replications end to end in seconds per replication
+    "smoke": dict(_DESIGN, duration=60.0, n_replications=2, methods=("laplace",), num_draws=19, num_bins=4,
+                  thin=1, num_warmup=30, map_maxiter=60, n_jobs=1),
+    "quick": dict(_DESIGN, n_replications=20, methods=("laplace", "nuts"), num_draws=49, num_bins=10, thin=2,
+                  num_warmup=150, map_maxiter=200, n_jobs=4),
+    "note": dict(_DESIGN, duration=120.0, participants=3, n_replications=200, methods=("laplace", "nuts"),
+                 num_draws=99, num_bins=20, thin=4, num_warmup=300, map_maxiter=300, n_jobs=8),
+}
+
+
+# ------------------------------------------------------------------------------------------ ranks and tests
+
+
+def ranks_of(truth, draws, rng: np.random.Generator) -> np.ndarray:
+    """SBC ranks of the true values among posterior draws.
+
+    ``rank_q = #{l : draws[l, q] < truth[q]} + U_q``, ``U_q`` uniform on ``{0, ..., #{l : draws[l, q] ==
+    truth[q]}}`` (ties broken at random so a discrete tie cannot bias the rank).
+
+    Args:
+        truth: (Q,) true values.
+        draws: (L, Q) posterior draws.
+        rng: NumPy generator for the tie-breaks.
+    Returns:
+        (Q,) integer ranks in ``{0, ..., L}``.
+    """
+    truth = np.atleast_1d(np.asarray(truth, dtype=np.float64))
+    draws = np.asarray(draws, dtype=np.float64)
+    if draws.ndim == 1:
+        draws = draws[:, None]
+    if draws.shape[1:] != truth.shape:
+        raise ValueError(f"draws must be (L, {truth.shape[0]}), got {draws.shape}")
+    below = np.sum(draws < truth, axis=0)
+    ties = np.sum(draws == truth, axis=0)
+    return (below + rng.integers(0, ties + 1)).astype(np.int64)
+
+
+def rank_histogram(ranks, num_draws: int, num_bins: int) -> np.ndarray:
+    """Counts of ranks in ``num_bins`` equal bins over ``{0, ..., num_draws}``.
+
+    Bin ``b`` holds ranks ``b * w, ..., (b + 1) * w - 1`` with ``w = (num_draws + 1) / num_bins`` (must be whole).
+
+    Returns:
+        (num_bins,) int counts.
+    """
+    if (num_draws + 1) % num_bins:
+        raise ValueError(f"num_draws + 1 = {num_draws + 1} must be divisible by num_bins = {num_bins}")
+    ranks = np.asarray(ranks, dtype=np.int64).ravel()
+    if ranks.size and (ranks.min() < 0 or ranks.max() > num_draws):
+        raise ValueError(f"ranks must lie in [0, {num_draws}]")
+    width = (num_draws + 1) // num_bins
+    return np.bincount(ranks // width, minlength=num_bins).astype(np.int64)
+
+
+def chi_square_uniform(counts) -> tuple[float, float]:
+    """Pearson's chi-square of bin counts against equal expected counts: ``sum (c_b - n/B)^2 / (n/B)``,
+    ``B - 1`` degrees of freedom. Returns (statistic, p-value)."""
+    from scipy import stats
+
+    counts = np.asarray(counts, dtype=np.float64)
+    res = stats.chisquare(counts)
+    return float(res.statistic), float(res.pvalue)
+
+
+def ks_uniform(ranks, num_draws: int, rng: np.random.Generator) -> tuple[float, float]:
+    """Kolmogorov-Smirnov test of the randomised normalised ranks ``(rank + U) / (num_draws + 1)`` against U(0, 1).
+
+    Under calibration ``rank`` is uniform on ``{0, ..., L}`` and ``U ~ U(0, 1)`` independent, so the normalised rank
+    is exactly U(0, 1) and the KS test has its nominal size (the plain ``rank / L`` is discrete). Returns
+    (statistic, p-value)."""
+    from scipy import stats
+
+    ranks = np.asarray(ranks, dtype=np.float64).ravel()
+    u = (ranks + rng.random(ranks.size)) / (num_draws + 1)
+    res = stats.kstest(u, "uniform")
+    return float(res.statistic), float(res.pvalue)
+
+
+def uniform_band(n: int, num_bins: int, level: float = 0.99) -> tuple[float, float]:
+    """The central ``level`` interval of one bin's count when ``n`` ranks are uniform: Binomial(n, 1/B) quantiles."""
+    from scipy import stats
+
+    a = (1.0 - level) / 2.0
+    return float(stats.binom.ppf(a, n, 1.0 / num_bins)), float(stats.binom.ppf(1.0 - a, n, 1.0 / num_bins))
+
+
+# ------------------------------------------------------------------------------------------ the design
+
+
+def sbc_design(cfg: dict):
+    """The template dataset and spec of the design (values are placeholders; only the layout is used).
+
+    Per participant ``p{i}``: a ``brain`` stream of ``n_brain_features`` features every ``brain_dt`` seconds
+    (``Identity``) and a one-feature ``rating`` stream every ``rating_dt`` seconds (``GaussianLag`` of width
+    ``rating_width``, lag in ``lag_bounds``), one run of ``duration`` seconds, K = ``n_factors``, shared pooling.
+    """
+    import msrm
+
+    T = float(cfg["duration"])
+    streams = []
+    for i in range(int(cfg["participants"])):
+        for mod, dt, F in (("brain", cfg["brain_dt"], cfg["n_brain_features"]), ("rating", cfg["rating_dt"], 1)):
+            n = int(math.floor(T / dt + 1e-9)) + 1
+            streams.append(msrm.Stream(participant=f"p{i}", modality=mod, dt=float(dt), values=np.zeros((n, F))))
+    data = msrm.Dataset([msrm.Run(duration=T, streams=streams)])
+    spec = msrm.ModelSpec(n_factors=int(cfg["n_factors"]), latent_dt=float(cfg["latent_dt"]), kernel=cfg["kernel"],
+                          pooling="shared",
+                          responses={"brain": msrm.Identity(),
+                                     "rating": msrm.GaussianLag(width=float(cfg["rating_width"]),
+                                                                lag_bounds=tuple(cfg["lag_bounds"]))})
+    return data, spec
+
+
+def sbc_priors(data, spec):
+    """The fixed priors of every replication: the defaults at unit data scale (module docstring)."""
+    from msrm.gp.transforms import PRIOR_DEFAULTS, Priors
+
+    h = PRIOR_DEFAULTS
+    one = {k: np.ones(data.n_features[k]) for k in data.stream_keys}
+    return Priors(
+        loading_sd={k: h["loading_scale"] * v for k, v in one.items()},
+        intercept_loc={k: 0.0 * v for k, v in one.items()},
+        intercept_sd={k: h["intercept_scale"] * v for k, v in one.items()},
+        log_noise_loc={k: 0.0 * v for k, v in one.items()},
+        log_noise_sd=h["noise_log_sd"],
+        log_lengthscale_loc=math.log(h["lengthscale_steps"] * spec.latent_dt),
+        log_lengthscale_sd=h["lengthscale_log_sd"],
+    )
+
+
+def _latent_indices(grid: np.ndarray, duration: float) -> np.ndarray:
+    """Grid indices nearest to 25 %, 50 % and 75 % of the run."""
+    return np.array([int(np.argmin(np.abs(grid - q * duration))) for q in (0.25, 0.5, 0.75)])
+
+
+def quantities_of(params, latent_values: np.ndarray | None, data, spec) -> dict[str, float]:
+    """The scalar test quantities of one parameter set (module docstring: sign-invariant for loadings and latents).
+
+    Args:
+        params: msrm.Params.
+        latent_values: (3,) factor-0 values at :func:`_latent_indices` (same sign convention as ``params``), or None.
+    Returns:
+        ``{name: value}`` in a fixed order.
+    """
+    keys = data.stream_keys
+    ref = keys[0]
+    w_ref = float(params.loadings[ref][0, 0])
+    s = 1.0 if w_ref >= 0 else -1.0
+    out = {f"abs_loading/{ref}[0]": abs(w_ref)}
+    brain = [k for k in keys if k.endswith("/brain")]
+    rating = [k for k in keys if k.endswith("/rating")]
+    if data.n_features[ref] > 1:
+        out[f"signed_loading/{ref}[1]"] = s * float(params.loadings[ref][1, 0])
+    if len(brain) > 1:
+        out[f"signed_loading/{brain[1]}[0]"] = s * float(params.loadings[brain[1]][0, 0])
+    if rating:
+        out[f"signed_loading/{rating[0]}[0]"] = s * float(params.loadings[rating[0]][0, 0])
+        out[f"noise_sd/{rating[0]}[0]"] = float(params.noise_sd[rating[0]][0])
+    for k, ell in enumerate(np.atleast_1d(params.lengthscales)):
+        out[f"lengthscale[{k}]"] = float(ell)
+    for pk, d in params.response.items():
+        for name, v in d.items():
+            out[f"{name}/{pk}"] = float(v)
+    if latent_values is not None:
+        for i, z in enumerate(latent_values):
+            out[f"signed_latent[q{i + 1}]"] = s * float(z)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ one replication
+
+
+def _posterior(model, method: str, cfg: dict, seed: int):
+    L = int(cfg["num_draws"])
+    map_options = {"maxiter": int(cfg["map_maxiter"])}
+    if method == "laplace":
+        return model.approximate_posterior(num_samples=L, seed=seed, map_options=map_options, diagnostics=False,
+                                           log_density_draws=False), 1
+    if method == "nuts":
+        thin = int(cfg["thin"])
+        return model.sample(num_warmup=int(cfg["num_warmup"]), num_samples=L * thin, num_chains=1, seed=seed,
+                            max_tree_depth=int(cfg.get("max_tree_depth", 8)), progress=False, diagnostics=False,
+                            map_options=map_options), thin
+    raise ValueError(f"method must be 'laplace' or 'nuts', got {method!r}")
+
+
+def replication(r: int, cfg: dict, method: str, seed: int = 0) -> dict:
+    """One SBC replication (module docstring, steps 1-4).
+
+    Returns:
+        ``{"r", "method", "seed", "ranks": {quantity: int}, "wall_s", "error"}``; on failure ``ranks`` is None and
+        ``error`` holds the traceback text.
+    """
+    t0 = time.perf_counter()
+    seed_r = int(seed) * 1_000_003 + int(r)
+    out: dict[str, Any] = {"r": int(r), "method": method, "seed": seed_r, "ranks": None, "error": None}
+    try:
+        from data_synth.simulate_params import simulate_from_params
+        from msrm.gp.model import GPMSRM
+        from msrm.spec import latent_grid
+
+        template, spec = sbc_design(cfg)
+        priors = sbc_priors(template, spec)
+        prior_model = GPMSRM(template, spec, linear_algebra="state_space", priors=priors)
+        truth = prior_model.constrain(prior_model.prior_draw(seed_r))
+        data, latents = simulate_from_params(template, spec, truth, seed=seed_r + 7_919)
+        model = GPMSRM(data, spec, linear_algebra="state_space", priors=priors)
+        grid = latent_grid(data.runs[0].duration, spec)
+        idx = _latent_indices(grid, data.runs[0].duration)
+        q_true = quantities_of(truth, latents[0][idx, 0], data, spec)
+
+        post, thin = _posterior(model, method, cfg, seed_r)
+        rng = np.random.default_rng([seed_r, 1])
+        lat = post.latent_posterior(thin=thin, progress=False)[0]
+        m = np.asarray(lat["draws"].values)[0][:, idx, 0]  # (L, 3)
+        sd = np.asarray(lat["draw_sd"].values)[0][:, idx, 0]
+        z = m + sd * rng.standard_normal(m.shape)
+        kept = np.arange(0, post.draws_u.shape[1], thin)
+        L = int(cfg["num_draws"])
+        if kept.size != L:
+            raise RuntimeError(f"expected {L} kept draws, got {kept.size}")
+        q_draws = [quantities_of(model.constrain(post.draws_u[0, d]), z[i], data, spec)
+                   for i, d in enumerate(kept)]
+        names = list(q_true)
+        D = np.array([[q[n] for n in names] for q in q_draws])
+        ranks = ranks_of(np.array([q_true[n] for n in names]), D, rng)
+        out["ranks"] = dict(zip(names, ranks.tolist()))
+    except Exception:  # recorded, never dropped
+        out["error"] = traceback.format_exc()
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def _worker(task: tuple, cfg: dict, seed: int, one_thread: bool) -> dict:
+    """One replication: float64 JAX; in a worker process (``one_thread``) also one BLAS thread for the libraries
+    and for msrm's own thread choices (:func:`msrm.runtime.configure`), so parallel replications do not
+    oversubscribe the cores."""
+    import msrm
+
+    if one_thread:
+        msrm.runtime.configure(blas_threads=1)
+    msrm.runtime.enable_x64()
+    r, method = task
+    return replication(r, cfg, method, seed)
+
+
+# ------------------------------------------------------------------------------------------ rows
+
+
+def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0, n_jobs: int | None = None,
+             methods: tuple[str, ...] | None = None, n_replications: int | None = None,
+             keep: dict | None = None) -> list[dict]:
+    """Run ``SIZES[profile]`` and return its rows (module docstring).
+
+    Args:
+        profile: a key of :data:`SIZES`.
+        info: ``execution_info()`` for every row (computed once if omitted).
+        seed: base seed; replication ``r`` uses ``seed * 1000003 + r``.
+        n_jobs: worker processes (loky, one BLAS thread each; 1 runs in this process); None: the profile's.
+        methods, n_replications: override the profile's.
+        keep: if a dict, ``keep["replications"]`` receives every replication's raw result.
+    """
+    from msrm.parallel import run_tasks
+
+    if profile not in SIZES:
+        raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
+    cfg = dict(SIZES[profile])
+    methods = tuple(methods if methods is not None else cfg["methods"])
+    n_rep = int(n_replications if n_replications is not None else cfg["n_replications"])
+    n_jobs = int(n_jobs if n_jobs is not None else cfg["n_jobs"])
+    if info is None:
+        from msrm_lab.provenance import execution_info
+
+        info = execution_info()
+    tasks = [(r, m) for m in methods for r in range(n_rep)]
+    fn = functools.partial(_worker, cfg=cfg, seed=int(seed), one_thread=n_jobs > 1)
+    done = run_tasks(fn, tasks, n_jobs=n_jobs, backend="sequential" if n_jobs == 1 else "loky", blas_threads=1)
+    results = []
+    for res in done:
+        if res.error is not None:  # the worker itself failed (replication() catches its own errors)
+            results.append({"r": res.task[0], "method": res.task[1], "ranks": None, "error": res.error,
+                            "wall_s": float("nan")})
+        else:
+            results.append(res.value)
+    if keep is not None:
+        keep["replications"] = results
+    L, B = int(cfg["num_draws"]), int(cfg["num_bins"])
+    common = dict(profile=profile, duration=cfg["duration"], participants=cfg["participants"],
+                  n_brain_features=cfg["n_brain_features"], K=cfg["n_factors"], linear_algebra="state_space",
+                  num_draws=L, num_bins=B, seed=int(seed))
+    rows: list[dict] = []
+    for method in methods:
+        mine = [x for x in results if x["method"] == method]
+        ok = [x for x in mine if x["ranks"] is not None]
+        failed = [x for x in mine if x["ranks"] is None]
+        for x in failed:
+            last = x["error"].strip().splitlines()[-1] if x["error"] else "unknown"
+            rows.append(make_row(NOTEBOOK, EXPERIMENT, "replication_failed", None, "", status="error", info=info,
+                                 method=method, replication=x["r"], error=last, **common))
+        walls = [float(x["wall_s"]) for x in mine if math.isfinite(x["wall_s"])]
+        if walls:
+            rows.append(make_row(NOTEBOOK, EXPERIMENT, "wall_s_per_replication", float(np.median(walls)), "s",
+                                 info=info, method=method, walls=walls, n_replications=len(ok),
+                                 n_failed=len(failed), **common))
+        if not ok:
+            continue
+        rng = np.random.default_rng([int(seed), 2])
+        for name in ok[0]["ranks"]:
+            ranks = np.array([x["ranks"][name] for x in ok])
+            counts = rank_histogram(ranks, L, B)
+            chi, p = chi_square_uniform(counts)
+            ks, ks_p = ks_uniform(ranks, L, rng)
+            rows.append(make_row(NOTEBOOK, EXPERIMENT, "chi_square_p", p, "1", info=info, method=method,
+                                 quantity=name, n_replications=len(ok), n_failed=len(failed), chi_square=chi,
+                                 chi_square_df=B - 1, ks_statistic=ks, ks_p=ks_p, rank_counts=counts.tolist(),
+                                 test="pearson chi-square on binned ranks; KS on randomised normalised ranks",
+                                 **common))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ figure
+
+
+def sbc_histograms(df, *, level: float = 0.99, ncols: int = 4):
+    """Rank histograms of every (method, quantity) with the ``level`` band of one bin of a uniform histogram.
+
+    Args:
+        df: a pandas DataFrame of rows (or a list of rows); the ``chi_square_p`` rows are drawn, their params
+            flattened or nested under ``params``.
+    Returns:
+        a matplotlib Figure: one panel per (method, quantity), bars = ``rank_counts``, grey band = the central
+        ``level`` interval of Binomial(n, 1/B), line = n/B.
+    """
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    df = pd.DataFrame(list(df)) if not isinstance(df, pd.DataFrame) else df
+    if "params" in df.columns:
+        flat = pd.json_normalize(df["params"].tolist())
+        df = pd.concat([df.drop(columns=["params"]).reset_index(drop=True), flat], axis=1)
+    df = df[df["metric"] == "chi_square_p"]
+    n_panels = max(len(df), 1)
+    ncols = min(ncols, n_panels)
+    nrows = math.ceil(n_panels / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.0 * ncols, 2.4 * nrows), squeeze=False)
+    for ax, (_, row) in zip(axes.ravel(), df.iterrows()):
+        counts = np.asarray(row["rank_counts"])
+        B, n = counts.size, int(counts.sum())
+        lo, hi = uniform_band(n, B, level)
+        ax.axhspan(lo, hi, color="0.85", zorder=0)
+        ax.axhline(n / B, color="0.5", lw=0.8)
+        ax.bar(np.arange(B), counts, width=0.9, color="C0", zorder=1)
+        ax.set_title(f"{row['method']}: {row['quantity']}\np = {row['value']:.2g}", fontsize=8)
+        ax.set_xticks([])
+    for ax in axes.ravel()[len(df):]:
+        ax.axis("off")
+    fig.supxlabel("rank bin")
+    fig.tight_layout()
+    return fig

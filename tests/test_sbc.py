@@ -1,0 +1,185 @@
+"""Simulation-based calibration: rank and uniformity statistics against hand computations, a conjugate
+normal-normal model calibrated and miscalibrated, the simulator's marginal moments, and one replication end to end."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import msrm
+from data_synth.simulate_params import simulate_from_params
+from msrm.operators import response_weights
+from msrm.spec import latent_grid
+from msrm_lab.bench import sbc
+
+
+# ------------------------------------------------------------------------------------------ ranks and tests
+
+
+def test_ranks_of_counts_draws_below_and_breaks_ties_at_random():
+    rng = np.random.default_rng(0)
+    truth = np.array([2.5, 0.0, 10.0])
+    draws = np.array([[1.0, 1.0, 1.0], [3.0, 2.0, 2.0], [2.0, 3.0, 3.0], [0.0, 4.0, 4.0]])
+    assert sbc.ranks_of(truth, draws, rng).tolist() == [3, 0, 4]
+    # one tie: the rank is #below (1) or #below + 1, each about half the time
+    tied = [int(sbc.ranks_of([2.0], np.array([[1.0], [2.0], [3.0]]), rng)[0]) for _ in range(2000)]
+    assert set(tied) == {1, 2}
+    assert abs(np.mean(tied) - 1.5) < 0.05
+    with pytest.raises(ValueError, match="draws must be"):
+        sbc.ranks_of([1.0, 2.0], np.zeros((4, 3)), rng)
+
+
+def test_rank_histogram_and_chi_square_match_hand_computation():
+    ranks = np.array([0, 1, 2, 3, 4, 5, 6, 7, 7, 7, 0, 4])  # L = 7, 4 bins of width 2
+    counts = sbc.rank_histogram(ranks, 7, 4)
+    assert counts.tolist() == [3, 2, 3, 4]
+    stat, p = sbc.chi_square_uniform(counts)
+    e = 12 / 4
+    hand = sum((c - e) ** 2 / e for c in [3, 2, 3, 4])
+    assert stat == pytest.approx(hand)
+    assert p == pytest.approx(stats.chi2.sf(hand, 3))
+    ref = stats.chisquare([3, 2, 3, 4])
+    assert (stat, p) == pytest.approx((ref.statistic, ref.pvalue))
+    with pytest.raises(ValueError, match="divisible"):
+        sbc.rank_histogram(ranks, 7, 3)
+    with pytest.raises(ValueError, match="must lie"):
+        sbc.rank_histogram([8], 7, 4)
+
+
+def test_ks_uniform_is_the_kstest_of_randomised_normalised_ranks():
+    ranks = np.array([0, 3, 5, 9, 9, 1])
+    stat, p = sbc.ks_uniform(ranks, 9, np.random.default_rng(5))
+    u = (ranks + np.random.default_rng(5).random(6)) / 10
+    ref = stats.kstest(u, "uniform")
+    assert (stat, p) == pytest.approx((ref.statistic, ref.pvalue))
+
+
+def test_uniform_band_is_the_binomial_interval():
+    lo, hi = sbc.uniform_band(200, 10, 0.99)
+    assert (lo, hi) == (stats.binom.ppf(0.005, 200, 0.1), stats.binom.ppf(0.995, 200, 0.1))
+
+
+def _normal_normal_ranks(n: int, L: int, sd_factor: float, seed: int) -> np.ndarray:
+    """theta ~ N(0, 1), y ~ N(theta, 1): the posterior is N(y / 2, 1 / 2); draws with sd scaled by sd_factor."""
+    rng = np.random.default_rng(seed)
+    ranks = np.empty(n, dtype=np.int64)
+    for r in range(n):
+        theta = rng.standard_normal()
+        y = theta + rng.standard_normal()
+        draws = y / 2 + sd_factor * math.sqrt(0.5) * rng.standard_normal((L, 1))
+        ranks[r] = sbc.ranks_of([theta], draws, rng)[0]
+    return ranks
+
+
+def test_calibrated_posterior_passes_and_too_narrow_one_fails():
+    L, B, n = 19, 10, 300
+    good = _normal_normal_ranks(n, L, 1.0, seed=1)
+    _, p_good = sbc.chi_square_uniform(sbc.rank_histogram(good, L, B))
+    _, ks_good = sbc.ks_uniform(good, L, np.random.default_rng(2))
+    assert p_good > 0.01 and ks_good > 0.01
+    bad = _normal_normal_ranks(n, L, 0.5, seed=1)  # posterior sd too small by 2x: ranks pile up at both ends
+    counts = sbc.rank_histogram(bad, L, B)
+    _, p_bad = sbc.chi_square_uniform(counts)
+    _, ks_bad = sbc.ks_uniform(bad, L, np.random.default_rng(2))
+    assert p_bad < 1e-6 and ks_bad < 1e-3
+    assert counts[0] + counts[-1] > 3 * n / B
+
+
+# ------------------------------------------------------------------------------------------ the simulator
+
+
+def test_simulator_has_the_model_marginal_moments():
+    cfg = dict(sbc.SIZES["smoke"], duration=30.0, participants=1)
+    template, spec = sbc.sbc_design(cfg)
+    K = spec.n_factors
+    W = {"p0/brain": np.array([[1.5], [-0.5], [0.0]]), "p0/rating": np.array([[0.8]])}
+    b = {"p0/brain": np.array([1.0, -2.0, 0.5]), "p0/rating": np.array([3.0])}
+    sd = {"p0/brain": np.array([0.5, 1.0, 2.0]), "p0/rating": np.array([0.3])}
+    params = msrm.Params(W, b, sd, np.array([4.0] * K), {"rating": {"lag": 2.0}})
+    N = 1500
+    i_brain, i_rating = 7, 11  # brain samples sit on grid points (brain_dt is a multiple of latent_dt)
+    yb = np.empty((N, 3))
+    yr = np.empty(N)
+    for s in range(N):
+        data, latents = simulate_from_params(template, spec, params, seed=s)
+        yb[s] = data.runs[0].stream("p0/brain").values[i_brain]
+        yr[s] = data.runs[0].stream("p0/rating").values[i_rating, 0]
+    grid = latent_grid(template.runs[0].duration, spec)
+    assert latents[0].shape == (grid.size, K)
+    var_b = (W["p0/brain"] ** 2).sum(1) + sd["p0/brain"] ** 2
+    t_r = template.runs[0].stream("p0/rating").times[i_rating]
+    a = response_weights([t_r], spec.response("rating"), {"lag": 2.0}, grid)[0]
+    Kmat = msrm.kernels.get_kernel(spec.kernel).correlation(np.abs(grid[:, None] - grid[None, :]), 4.0, np)
+    var_r = 0.8 ** 2 * a @ Kmat @ a + 0.3 ** 2
+    # sample variance has sd var * sqrt(2 / N); the mean sd(y) / sqrt(N)
+    np.testing.assert_array_less(np.abs(yb.var(0, ddof=1) - var_b), 4 * var_b * math.sqrt(2 / N))
+    np.testing.assert_array_less(np.abs(yb.mean(0) - b["p0/brain"]), 4 * np.sqrt(var_b / N))
+    assert abs(yr.var(ddof=1) - var_r) < 4 * var_r * math.sqrt(2 / N)
+    assert abs(yr.mean() - 3.0) < 4 * math.sqrt(var_r / N)
+
+
+def test_simulator_is_seeded_and_keeps_the_missing_pattern():
+    cfg = dict(sbc.SIZES["smoke"], duration=20.0, participants=1)
+    template, spec = sbc.sbc_design(cfg)
+    vals = template.runs[0].stream("p0/brain").values.copy()
+    vals[3, 1] = np.nan
+    streams = [msrm.Stream("p0", "brain", 2.0, vals), template.runs[0].stream("p0/rating")]
+    template = msrm.Dataset([msrm.Run(duration=20.0, streams=streams)])
+    model = msrm.GPMSRM(template, spec, linear_algebra="state_space", priors=sbc.sbc_priors(template, spec))
+    params = model.constrain(model.prior_draw(3))
+    d1, z1 = simulate_from_params(template, spec, params, seed=4)
+    d2, z2 = simulate_from_params(template, spec, params, seed=4)
+    y1 = d1.runs[0].stream("p0/brain").values
+    np.testing.assert_array_equal(y1, d2.runs[0].stream("p0/brain").values)
+    np.testing.assert_array_equal(z1[0], z2[0])
+    assert np.isnan(y1[3, 1]) and np.isfinite(np.delete(y1.ravel(), 3 * 3 + 1)).all()
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+
+def test_sbc_priors_are_the_defaults_at_unit_scale():
+    template, spec = sbc.sbc_design(sbc.SIZES["smoke"])
+    pr = sbc.sbc_priors(template, spec)
+    for k in template.stream_keys:
+        np.testing.assert_array_equal(pr.loading_sd[k], 1.0)
+        np.testing.assert_array_equal(pr.intercept_sd[k], 2.0)
+        np.testing.assert_array_equal(pr.log_noise_loc[k], 0.0)
+    assert pr.log_lengthscale_loc == pytest.approx(math.log(10 * spec.latent_dt))
+
+
+def test_smoke_laplace_end_to_end_with_a_failed_replication_recorded(monkeypatch):
+    keep: dict = {}
+    rows = sbc.sbc_rows("smoke", n_replications=1, methods=("laplace",), n_jobs=1, keep=keep, info={})
+    (res,) = keep["replications"]
+    assert res["error"] is None, res["error"]
+    p_rows = [r for r in rows if r["metric"] == "chi_square_p"]
+    names = {r["params"]["quantity"] for r in p_rows}
+    assert {"lag/rating", "lengthscale[0]", "abs_loading/p0/brain[0]", "signed_latent[q2]"} <= names
+    L, B = sbc.SIZES["smoke"]["num_draws"], sbc.SIZES["smoke"]["num_bins"]
+    for r in p_rows:
+        assert r["params"]["n_replications"] == 1 and sum(r["params"]["rank_counts"]) == 1
+        assert len(r["params"]["rank_counts"]) == B and 0 <= res["ranks"][r["params"]["quantity"]] <= L
+    (wall,) = [r for r in rows if r["metric"] == "wall_s_per_replication"]
+    assert wall["value"] > 0 and wall["params"]["n_failed"] == 0
+    fig = sbc.sbc_histograms(rows)
+    assert len([a for a in fig.axes if a.has_data()]) == len(p_rows)
+
+    broken = dict(sbc.SIZES["smoke"], kernel="no_such_kernel")
+    monkeypatch.setitem(sbc.SIZES, "broken", broken)
+    rows = sbc.sbc_rows("broken", n_replications=2, methods=("laplace",), n_jobs=1, info={})
+    failed = [r for r in rows if r["metric"] == "replication_failed"]
+    assert [r["params"]["replication"] for r in failed] == [0, 1]
+    assert all(r["status"] == "error" and "no_such_kernel" in r["params"]["error"] for r in failed)
+    assert not [r for r in rows if r["metric"] == "chi_square_p"]
+
+
+def test_smoke_replications_in_parallel_processes_are_seeded_apart():
+    keep: dict = {}
+    rows = sbc.sbc_rows("smoke", n_replications=2, methods=("laplace",), n_jobs=2, keep=keep, info={})
+    res = keep["replications"]
+    assert [x["error"] for x in res] == [None, None], [x["error"] for x in res]
+    assert [x["seed"] for x in res] == [0, 1]
+    assert all(r["params"]["n_replications"] == 2 for r in rows if r["metric"] == "chi_square_p")
