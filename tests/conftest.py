@@ -2,9 +2,6 @@
 (``import msrm`` never does it), with JAX's matmul precision pinned to ``highest``."""
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,28 +15,9 @@ def pytest_sessionstart(session):
     msrm.runtime.enable_x64()
 
 
-_OWN_CACHE_DIR: list[str] = []
-
-
 def pytest_configure(config):
-    # The state-space tuning cache (msrm.gp.state_space.tuning.cache_dir) lives in the user's cache folder; the
-    # suite gets an empty one of its own, so that no test reads coefficients or block choices that an earlier
-    # benchmark stored there (and no test writes into the user's). Subprocesses started by tests inherit it.
-    # A caller who sets MSRM_CACHE_DIR keeps theirs.
-    if "MSRM_CACHE_DIR" not in os.environ:
-        path = tempfile.mkdtemp(prefix="msrm-test-cache-")
-        _OWN_CACHE_DIR.append(path)
-        os.environ["MSRM_CACHE_DIR"] = path
     config.addinivalue_line(
         "markers", "cuda: qualification on a CUDA GPU visible to JAX (tests/test_cuda.py); skipped without one")
-
-
-def pytest_unconfigure(config):
-    for path in _OWN_CACHE_DIR:
-        shutil.rmtree(path, ignore_errors=True)
-        if os.environ.get("MSRM_CACHE_DIR") == path:
-            del os.environ["MSRM_CACHE_DIR"]
-    _OWN_CACHE_DIR.clear()
 
 
 def _cuda_devices() -> list:
@@ -75,3 +53,44 @@ def _float64_contract():
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return ROOT
+
+
+def _count_calls(monkeypatch, module, name: str) -> list[int]:
+    """Replace ``module.name`` for one test by a wrapper that counts its calls; returns the one-element counter.
+    A function called inside a jitted program runs only while JAX traces it, so its call count is the number of
+    traces (the callers look it up in the module at trace time)."""
+    original = getattr(module, name)
+    count = [0]
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return count
+
+
+@pytest.fixture
+def likelihood_traces(monkeypatch) -> list[int]:
+    """Traces of the summed GP likelihood (:func:`msrm.gp.likelihood.run_logliks`, what every dense/grouped
+    evaluation of the density traces)."""
+    from msrm.gp import likelihood
+
+    return _count_calls(monkeypatch, likelihood, "run_logliks")
+
+
+@pytest.fixture
+def stack_traces(monkeypatch) -> list[int]:
+    """Traces of one stack of runs (:func:`msrm.gp.likelihood._bucket_logliks`: once per stack, however many
+    runs it holds)."""
+    from msrm.gp import likelihood
+
+    return _count_calls(monkeypatch, likelihood, "_bucket_logliks")
+
+
+@pytest.fixture
+def posterior_traces(monkeypatch) -> list[int]:
+    """Traces of the grid posterior and predictions of one run (:func:`msrm.gp.conditional.posterior_arrays`)."""
+    from msrm.gp import conditional
+
+    return _count_calls(monkeypatch, conditional, "posterior_arrays")

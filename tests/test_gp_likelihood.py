@@ -169,13 +169,13 @@ def test_near_singular_case_records_guard_event():
     assert np.isfinite(value)
 
 
-def test_memory_guard_refuses_before_numerics(monkeypatch):
+def test_memory_guard_refuses_before_numerics(monkeypatch, likelihood_traces):
     data, truth = data_synth.synthetic_dataset("tiny", n_features=3, seed=0)
     monkeypatch.setenv("MSRM_MEMORY_LIMIT_BYTES", "1000")
-    before = L.TRACE_COUNT[0]
+    before = likelihood_traces[0]
     with pytest.raises(MemoryGuardError, match="state_space"):
         GPMSRM(data, truth.spec, "grouped")
-    assert L.TRACE_COUNT[0] == before
+    assert likelihood_traces[0] == before
 
 
 def test_loglik_is_pure_and_jittable_with_prepared_as_argument():

@@ -50,25 +50,25 @@ def test_check_grads_on_log_density(small):
     check_grads(jax.jit(model.log_density), (u,), order=1, modes=("rev",), eps=1e-6, atol=1e-4, rtol=1e-4)
 
 
-def test_compiled_once_per_model():
+def test_compiled_once_per_model(likelihood_traces):
     # Each jitted function traces at most once per model; an earlier test may already have compiled a model of
     # the same shape signature, in which case JAX reuses that compilation and nothing is traced at all.
     data, truth = data_synth.synthetic_dataset("tiny", n_features=3, seed=6)
     model = GPMSRM(data, truth.spec, "grouped")
-    start = L.TRACE_COUNT[0]
+    start = likelihood_traces[0]
     u = model.unconstrain(truth.params)
     for shift in (0.0, 0.01, -0.02):
         model.value_and_grad(u + shift)
-    after_grad = L.TRACE_COUNT[0]
+    after_grad = likelihood_traces[0]
     assert after_grad - start <= 1
     for seed in (0, 1):
         model.log_likelihood(model.constrain(model.prior_draw(seed)))
-    assert L.TRACE_COUNT[0] - after_grad <= 1
+    assert likelihood_traces[0] - after_grad <= 1
     # new parameter values never trace again
-    before = L.TRACE_COUNT[0]
+    before = likelihood_traces[0]
     model.value_and_grad(u - 0.05)
     model.log_likelihood(model.constrain(model.prior_draw(2)))
-    assert L.TRACE_COUNT[0] == before
+    assert likelihood_traces[0] == before
     assert model.guard_events() == {0: 7}
 
 
@@ -84,9 +84,9 @@ def test_log_density_is_likelihood_plus_prior_plus_jacobian(small):
     assert model.value_and_grad(u)[0] == pytest.approx(expected, rel=1e-12)
 
 
-def test_bad_params_raise_before_numerics(small):
+def test_bad_params_raise_before_numerics(small, likelihood_traces):
     data, truth, model = small
-    start = L.TRACE_COUNT[0]
+    start = likelihood_traces[0]
     p = truth.params
     with pytest.raises(KeyError, match="nobody/brain"):
         model.log_likelihood(p.replace(loadings={**p.loadings, "nobody/brain": np.zeros((3, 3))}))
@@ -100,7 +100,7 @@ def test_bad_params_raise_before_numerics(small):
         model.value_and_grad(np.zeros(model.num_params + 1))
     with pytest.raises(ValueError, match="non-finite"):
         model.value_and_grad(np.full(model.num_params, np.nan))
-    assert L.TRACE_COUNT[0] == start
+    assert likelihood_traces[0] == start
 
 
 def test_bad_construction_arguments():

@@ -16,6 +16,7 @@ import msrm
 from msrm.gp.reference import brute_force_loglik
 from msrm.gp.state_space import sde
 from msrm.kernels import KERNELS, HalfIntegerMatern, Kernel, get_kernel, register_kernel
+from sde_oracle import implied_grid_cov
 
 NAMES = tuple(KERNELS)
 S3, S5, S7 = math.sqrt(3.0), math.sqrt(5.0), math.sqrt(7.0)
@@ -65,7 +66,7 @@ def test_sde_form_is_a_stationary_sde_of_the_kernel(name):
     taus = np.array([0.0, 0.3, 1.0, 4.5])
     cov = [(scipy.linalg.expm(F * t) @ P)[0, 0] for t in taus]
     np.testing.assert_allclose(cov, CLOSED_FORMS[name](taus, ell), rtol=1e-11, atol=1e-13)
-    np.testing.assert_allclose(sde.implied_grid_cov(name, ell, 0.7, 12),
+    np.testing.assert_allclose(implied_grid_cov(name, ell, 0.7, 12),
                                CLOSED_FORMS[name](0.7 * np.abs(np.subtract.outer(np.arange(12), np.arange(12))), ell),
                                atol=1e-12)
 

@@ -199,7 +199,7 @@ def test_predictions_equal_the_oracle_at_every_sample(i):
             assert full_seen >= 2 * len(run.streams) and part_seen >= 1
 
 
-def test_cov_off_and_one_trace_per_run_across_parameter_draws():
+def test_cov_off_and_one_trace_per_run_across_parameter_draws(posterior_traces):
     from msrm.gp import conditional
 
     data, spec, params, ref, _, models = case(0)
@@ -214,10 +214,10 @@ def test_cov_off_and_one_trace_per_run_across_parameter_draws():
     other = msrm.Params(loadings={k: 1.3 * v for k, v in params.loadings.items()}, intercepts=params.intercepts,
                         noise_sd={k: 0.9 * v for k, v in params.noise_sd.items()},
                         lengthscales=1.2 * params.lengthscales, response=params.response)
-    before = conditional.TRACE_COUNT[0]
+    before = posterior_traces[0]
     got = model.latent_posterior(other)
     pred = model.predict(other)
-    assert conditional.TRACE_COUNT[0] == before
+    assert posterior_traces[0] == before
     for lp, (grid, mean, cov) in zip(got, brute_latent_posterior(data, spec, other)):
         _close(lp.mean, mean, "second draw mean")
         _close(lp.sd, np.sqrt(np.diag(cov)).reshape(lp.mean.shape), "second draw sd")
@@ -250,13 +250,13 @@ def test_the_cached_tables_go_with_the_model():
 # ------------------------------------------------------------------------------------------ bad input
 
 
-def test_params_of_another_spec_or_dataset_are_refused_before_numerics():
+def test_params_of_another_spec_or_dataset_are_refused_before_numerics(posterior_traces):
     from msrm.gp import conditional
     from msrm.gp.model import params_to_theta
 
     data, spec, params, _, _, models = case(0)
     model = models["grouped"]
-    before = conditional.TRACE_COUNT[0]
+    before = posterior_traces[0]
     wrong_k = msrm.Params(loadings={k: np.hstack([v, v[:, :1]]) for k, v in params.loadings.items()},
                           intercepts=params.intercepts, noise_sd=params.noise_sd,
                           lengthscales=np.append(params.lengthscales, 3.0), response=params.response)
@@ -285,4 +285,4 @@ def test_params_of_another_spec_or_dataset_are_refused_before_numerics():
     short = msrm.Dataset(data.runs[:1])
     with pytest.raises(ValueError, match="data: 1 runs, but the model was prepared with 2"):
         backend.latent_posterior(theta, model.prepared, short, spec)
-    assert conditional.TRACE_COUNT[0] == before
+    assert posterior_traces[0] == before

@@ -60,14 +60,14 @@ def _compare(data, spec, params, la="grouped", ref=None, **kwargs):
 
 # four pieces trace and compile the same stack as two; it runs with the slow tests
 @pytest.mark.parametrize("n_pieces", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_runs_cut_from_one_recording_equal_the_loop_and_trace_once(n_pieces):
+def test_runs_cut_from_one_recording_equal_the_loop_and_trace_once(n_pieces, stack_traces):
     data, truth = _long()
     data = msrm.Dataset(split_run(data.runs[0], n_pieces))
-    start = MR.RUN_TRACE_COUNT[0]
+    start = stack_traces[0]
     _, batched = _compare(data, truth.spec, truth.params)
     # one stack; value_and_grad and the per-run values each traced the per-run function once
     assert len(batched.run_stacks) == 1 and batched.run_stacks[0]["runs"] == list(range(n_pieces))
-    assert MR.RUN_TRACE_COUNT[0] - start == 2
+    assert stack_traces[0] - start == 2
     assert batched.log_likelihood(truth.params) == pytest.approx(sum(batched.pointwise_log_likelihood(
         batched.unconstrain(truth.params), by="run")["run"]), rel=1e-13)
     # the pieces differ by a node or so: each group padded to its largest, within the default 10 %
@@ -161,16 +161,16 @@ def test_padding_adds_nothing():
     assert padded_any  # the two pieces differ in size, so one of them was padded
 
 
-def test_bad_arguments_raise_before_numerics():
+def test_bad_arguments_raise_before_numerics(likelihood_traces):
     data, truth = data_synth.synthetic_dataset("tiny", n_features=3, seed=0)
-    start = L.TRACE_COUNT[0]
+    start = likelihood_traces[0]
     bad = [dict(devices=[]), dict(devices="gpu"), dict(devices=[99]), dict(devices=[0, 0]), dict(devices=3.5),
            dict(pad_tolerance=-0.1), dict(pad_tolerance=float("nan")), dict(batch_runs="yes")]
     for kwargs in bad:
         name = next(iter(kwargs))
         with pytest.raises(ValueError, match=name):
             GPMSRM(data, truth.spec, "grouped", **kwargs)
-    assert L.TRACE_COUNT[0] == start
+    assert likelihood_traces[0] == start
     # one named device is fine (data committed there)
     m = GPMSRM(data, truth.spec, "grouped", devices=[0])
     assert m.devices == [jax.devices()[0]]
@@ -183,8 +183,17 @@ _SHARDED = textwrap.dedent(r"""
     msrm.runtime.enable_x64()
     import jax
     from msrm.data import split_run
-    from msrm.gp import multirun as MR
+    from msrm.gp import likelihood as L
     from msrm.gp.model import GPMSRM
+
+    stack_traces = [0]
+    bucket_logliks = L._bucket_logliks
+
+    def counted(*args):  # one call per trace of a stack of runs
+        stack_traces[0] += 1
+        return bucket_logliks(*args)
+
+    L._bucket_logliks = counted
 
     assert len(jax.devices()) == 2, jax.devices()
     data, truth = data_synth.synthetic_dataset("tiny", n_features=3, seed=1, duration_scale=3.0,
@@ -201,9 +210,9 @@ _SHARDED = textwrap.dedent(r"""
               "sharded": GPMSRM(data, truth.spec)}
     u = models["loop"].unconstrain(truth.params)
     for name, m in models.items():
-        start = MR.RUN_TRACE_COUNT[0]
+        start = stack_traces[0]
         v, g = m.value_and_grad(u)
-        traces = MR.RUN_TRACE_COUNT[0] - start
+        traces = stack_traces[0] - start
         out[name] = dict(value=v, grad=g.tolist(), runs=m.pointwise_log_likelihood(u, by="run")["run"].tolist(),
                          traces=traces, events=m.guard_events(), stacks=m.run_stacks, devices=len(m.devices))
     b = models["sharded"].prepared.buckets

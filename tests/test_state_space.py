@@ -23,6 +23,7 @@ from msrm.gp.state_space import loglik, prepare
 from msrm.gp.state_space import embedding, sde
 from msrm.gp.state_space.adjoint import run_loglik_adjoint
 from msrm.gp.state_space.filter import run_loglik_sequential
+from sde_oracle import implied_grid_cov
 
 KERNELS = tuple(msrm.kernels.KERNELS)  # every registered kernel
 
@@ -49,7 +50,7 @@ def value(prepared, theta):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_sde_grid_covariance_is_the_kernel(kernel):
     step, ell, n = 0.9, 3.7, 25
-    implied = sde.implied_grid_cov(kernel, ell, step, n)
+    implied = implied_grid_cov(kernel, ell, step, n)
     r = step * np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
     np.testing.assert_allclose(implied, matern_numpy(r, ell, kernel), rtol=0, atol=1e-12)
 

@@ -52,7 +52,7 @@ K x K blocks (``n (J + n_q) K^2``). Memory: ``M``, ``G`` and ``H``, (n, n), (n, 
 in one graph. Its arguments are a per-run :class:`~msrm.gp.prepare.RunPrepared` and a :class:`PredictQuery`, both
 carrying their static layout in the pytree structure (leafless nodes compared by identity), so a jitted copy
 called with the same run objects and a parameter pytree of the same structure reuses the compiled graph: calling
-once per posterior draw traces once per run (:data:`TRACE_COUNT` counts the traces). :func:`run_tables` builds,
+once per posterior draw traces once per run. :func:`run_tables` builds,
 and caches weakly keyed on the model's prepared object, what a model's calls reuse: the per-run prepared runs,
 the prediction points, the model's jitted copy of :func:`posterior_arrays` and the result of the last evaluation
 keyed on the bytes of the parameter values (``latent_posterior(params)`` followed by ``predict(params)``
@@ -82,7 +82,6 @@ from .likelihood import (group_theta, node_covariance, node_information, node_le
 from .prepare import Prepared, RunPrepared, prepare
 
 __all__ = [
-    "TRACE_COUNT",
     "TABLES",
     "NodeSystem",
     "node_system",
@@ -99,9 +98,6 @@ __all__ = [
     "evaluate",
     "check_theta",
 ]
-
-# Incremented each time a per-run function of this module is traced (tests check one trace per run).
-TRACE_COUNT = [0]
 
 
 class NodeSystem(NamedTuple):
@@ -248,7 +244,6 @@ def posterior_arrays(theta, run: RunPrepared, query: PredictQuery) -> dict:
         ``{"mean": (J, K), "sd": (J, K), "cov": (J, K, K), "streams": {key: (mean, sd, signal_sd)} each (n_s, F),
         "event": ()}``.
     """
-    TRACE_COUNT[0] += 1
     layout = run.layout
     system = node_system(theta, run)
     Kk = kernel_matrices(layout.dist, theta["lengthscales"], layout.kernel)  # (K, J, J)

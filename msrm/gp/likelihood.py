@@ -91,8 +91,6 @@ from .prepare import RunLayout, RunPrepared, prepare
 
 __all__ = [
     "AXIS",
-    "TRACE_COUNT",
-    "RUN_TRACE_COUNT",
     "group_theta",
     "GroupShape",
     "StreamShape",
@@ -104,7 +102,6 @@ __all__ = [
     "MultiRunPrepared",
     "signature",
     "run_arrays",
-    "banded_shapes",
     "accumulate_node_statistics",
     "node_information_arrays",
     "group_weights",
@@ -130,10 +127,6 @@ __all__ = [
 ]
 
 AXIS = "runs"
-# Incremented each time grouped_loglik is traced (tests check that a model compiles once).
-TRACE_COUNT = [0]
-# Incremented each time a stack of a MultiRunPrepared is traced: once per stack, however many runs it holds.
-RUN_TRACE_COUNT = [0]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -322,12 +315,6 @@ def signature(layouts: Sequence[RunLayout]) -> Signature:
         grid_step=float(first.groups[0].window.grid_step) if first.groups else 0.0,
         has_chol=any(lay.chol_nodes.size for lay in layouts), groups=groups, streams=tuple(streams),
     )
-
-
-def banded_shapes(layout: RunLayout) -> tuple | None:
-    """The chunking of every group of one run evaluated on its own, or None: the dense products are used."""
-    groups = _own_stack(layout)[0].groups
-    return tuple(g.chunks for g in groups) if groups and all(g.chunks is not None for g in groups) else None
 
 
 def _pad_rows(x, n: int, fill):
@@ -754,7 +741,6 @@ def run_loglik(theta, run: RunPrepared):
 
 def _bucket_logliks(theta, bucket: Bucket, mesh):
     """(values, events) of every stacked run of one bucket, (n_stacked,) each."""
-    RUN_TRACE_COUNT[0] += 1
     sig = bucket.signature
 
     def stack(theta, dist, arrays):
@@ -813,7 +799,6 @@ def grouped_loglik(theta, prepared):
     Returns:
         (value, events): float64 scalar, (n_runs,) int32 event codes of the factorizations.
     """
-    TRACE_COUNT[0] += 1
     values, events = run_logliks(theta, prepared)
     return jnp.sum(values), events
 

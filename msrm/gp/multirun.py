@@ -6,7 +6,7 @@ and per-run arrays (:class:`~msrm.gp.likelihood.RunArrays`). A per-run :class:`~
 each run's arrays into the trace, so ``n`` runs compile ``n`` copies of the run's graph. This module builds the
 stacked form (:class:`~msrm.gp.likelihood.MultiRunPrepared`): runs with one signature are stacked along a
 leading run axis, their arrays become traced leaves, and the likelihood evaluates the stack with one ``jax.vmap``
-of :func:`~msrm.gp.likelihood.run_loglik_arrays` (one trace for the whole stack, :data:`RUN_TRACE_COUNT`); runs
+of :func:`~msrm.gp.likelihood.run_loglik_arrays` (one trace for the whole stack); runs
 with different structure (other streams, groups or window widths) form separate stacks whose values are summed.
 
 **Padding to a common shape (exact).** Runs cut from one recording at natural boundaries rarely have exactly
@@ -52,14 +52,13 @@ import jax
 import numpy as np
 
 from .kernels import grid_distances
-from .likelihood import (AXIS, RUN_TRACE_COUNT, Bucket, GroupArrays, GroupShape, MultiRunPrepared, RunArrays,
+from .likelihood import (AXIS, Bucket, GroupArrays, GroupShape, MultiRunPrepared, RunArrays,
                          Signature, StreamArrays, StreamShape, node_information_arrays, response_matrix_arrays,
                          run_arrays, run_loglik_arrays, signature)
 from .prepare import Prepared, RunPrepared
 
 __all__ = [
     "AXIS",
-    "RUN_TRACE_COUNT",
     "GroupShape",
     "StreamShape",
     "Signature",
@@ -73,7 +72,6 @@ __all__ = [
     "padded_node_counts",
     "stack_runs",
     "mesh_method",
-    "prepare_multirun",
     "node_information_arrays",
     "response_matrix_arrays",
     "run_loglik_arrays",
@@ -221,12 +219,3 @@ def mesh_method(method: str, n_devices: int) -> str:
         raise ValueError(f"method='callback' cannot run with runs sharded over {n_devices} devices (the LAPACK "
                          f"callback deadlocks across device threads); use method='auto' or 'native', or one device")
     return "native"
-
-
-def prepare_multirun(data, spec, *, grouped: bool = True, method: str = "auto", devices=None,
-                     pad_tolerance: float = 0.1) -> MultiRunPrepared:
-    """Prepare a dataset for the stacked likelihood: :func:`msrm.gp.prepare.prepare` then :func:`stack_runs`."""
-    from .prepare import prepare
-
-    return stack_runs(prepare(data, spec, grouped=grouped, method=method), devices=devices,
-                      pad_tolerance=pad_tolerance)

@@ -52,7 +52,7 @@ import numpy as np
 from ...kernels import get_kernel
 
 __all__ = ["n_states", "companion", "stationary_cov", "transition", "unit_rate_form", "unit_process_noise",
-           "process_noise", "discretise", "implied_grid_cov", "SERIES_SWITCH"]
+           "process_noise", "discretise", "SERIES_SWITCH"]
 
 #: ``λτ`` below which :func:`process_noise` sums the series (and doubles it), above which it uses the closed form
 SERIES_SWITCH = 2.0
@@ -225,23 +225,3 @@ def discretise(kernel: str, lengthscale, step: float, xp=np):
     Pinf = stationary_cov(kernel, lengthscale, xp)
     Q = process_noise(kernel, lengthscale, [step], xp)[0]
     return Phi, Q, Pinf
-
-
-def implied_grid_cov(kernel: str, lengthscale: float, step: float, n: int) -> np.ndarray:
-    """Covariance of ``z`` on ``n`` grid points implied by the discretised SDE (NumPy; for tests).
-
-    Runs the recursion ``P_{j+1} = Phi P_j Phi^T + Q`` on the joint state of all grid points.
-    """
-    Phi, Q, Pinf = discretise(kernel, float(lengthscale), float(step))
-    d = Phi.shape[0]
-    cov = np.zeros((n, n))
-    # Cov(s_i, s_j) = Phi^{j-i} Pinf for j >= i (stationary start)
-    P = Pinf.copy()
-    powers = [np.eye(d)]
-    for _ in range(n - 1):
-        powers.append(Phi @ powers[-1])
-    for i in range(n):
-        for j in range(i, n):
-            cov[i, j] = cov[j, i] = (powers[j - i] @ P)[0, 0]
-        P = Phi @ P @ Phi.T + Q
-    return cov
