@@ -1,9 +1,9 @@
-"""Per-machine choice of the state-space block length: the cost model, its coefficients (measured, cached, the
-fallback, the override), the cache file and its key, and that every choice gives the same density."""
+"""The state-space block length: a deterministic rule of the run's sizes and the core count (no timing, no cache),
+monotone where the cost model says it must be, overridden by ``block=``, and every choice gives the same density."""
 from __future__ import annotations
 
 import importlib
-import json
+import math
 
 import numpy as np
 import pytest
@@ -16,79 +16,110 @@ from msrm.gp.state_space import loglik, prepare, tuning
 spp = importlib.import_module("msrm.gp.state_space.prepare")
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    """An empty cache folder, measuring on, no override and no in-process memo."""
+def _coeffs(call_s, gemm_per_rank):
+    return tuning.Coefficients(call_s=call_s, pass_s=1e-9, gemm_s=tuple(gemm_per_rank * r + 1e-9 for r in tuning.RANKS))
+
+
+def _shape(J=20000, K=6, per_step=8, L=40, d=2):
+    """A synthetic schedule: ``per_step`` nodes end at every grid step, blocks of C steps, a ring of
+    C (ceil(L / C) + 1) slots; large enough that its products are threaded at long blocks."""
+
+    def shape_of(C):
+        n_sub = -(-J // C)
+        S = K * (d + C * (-(-L // C) + 1))
+        return n_sub, n_sub, S, J * per_step, False
+
+    return shape_of, J, K
+
+
+def test_the_rule_is_deterministic_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("MSRM_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("MSRM_TUNING", raising=False)
-    monkeypatch.setattr(tuning, "_MEMO", {})
-    monkeypatch.setattr(tuning, "_machine_busy", lambda: False)
-    tuning.set_coefficients(None)
-    yield tmp_path
-    tuning.set_coefficients(None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    data, truth = data_synth.synthetic_dataset("tiny", n_features=3, n_factors=3, duration_scale=4.0, seed=0)
+    tables = [prepare(data, truth.spec).runs[0].tables for _ in range(2)]
+    assert tables[0].block == tables[1].block and tables[0].block_predicted_s == tables[1].block_predicted_s
+    assert tables[0].block_source == "default"
+    assert not any(tmp_path.iterdir())
+    shape_of, J, K = _shape()
+    first = tuning.choose_block(shape_of, J, K, cores=4)
+    assert tuning.choose_block(shape_of, J, K, cores=4) == first
+    assert first.predicted_s == min(first.candidates.values())
+    assert 1 <= first.block <= tuning.MAX_BLOCK
+    # nothing of the measurement machinery is left: the coefficients are the fixed ones
+    assert tuning.machine_coefficients() is tuning.COEFFICIENTS
+    for gone in ("measure", "cache_dir", "cache_path", "machine_key", "set_coefficients"):
+        assert not hasattr(tuning, gone)
 
 
-def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("MSRM_CACHE_DIR", str(tmp_path / "a"))
-    assert tuning.cache_dir() == tmp_path / "a"
-    monkeypatch.delenv("MSRM_CACHE_DIR")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
-    assert tuning.cache_dir() == tmp_path / "x" / "msrm"
+def test_fixed_coefficients_are_the_documented_ones():
+    c = tuning.COEFFICIENTS
+    assert (c.call_s, c.pass_s) == (1.5e-6, 1.0e-9)
+    for r in (4, 16, 128):
+        assert c.gemm(r) == pytest.approx(2.0 * r / 10e9 + 2.0e-9, rel=1e-12)
 
 
-def test_machine_key_names_cpu_cores_blas_and_versions():
-    key = tuning.machine_key()
-    assert set(key) == {"cpu_model", "cpu_vector_level", "physical_cores", "blas", "msrm", "numpy"}
-    assert key["physical_cores"] >= 1 and key["numpy"] == np.__version__
+def test_dear_fixed_costs_favour_long_blocks_and_dear_products_short_ones():
+    """The argmin of ``t(C) = f(C) + o n_sub(C)`` with ``n_sub`` falling in C cannot fall as the fixed cost ``o``
+    rises, nor rise as the products' cost does."""
+    shape_of, J, K = _shape(J=3000, K=2, per_step=1, L=4)
+    by_call = [tuning.choose_block(shape_of, J, K, _coeffs(o, 1e-10), cores=1).block
+               for o in (1e-9, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3)]
+    assert by_call == sorted(by_call) and by_call[0] < by_call[-1]
+    by_gemm = [tuning.choose_block(shape_of, J, K, _coeffs(1e-6, g), cores=1).block
+               for g in (1e-13, 1e-11, 1e-10, 1e-9, 1e-8)]
+    assert by_gemm == sorted(by_gemm, reverse=True) and by_gemm[0] > by_gemm[-1]
 
 
-def test_measured_once_then_read_from_the_cache(fresh_cache):
-    c = tuning.machine_coefficients()
-    assert c.source == "measured" and len(c.gemm_s) == len(tuning.RANKS)
-    path = tuning.cache_path()
-    assert path.parent == fresh_cache and path.exists()
-    obj = json.loads(path.read_text())
-    assert obj["key"] == json.loads(json.dumps(tuning.machine_key()))
-    tuning._MEMO.clear()  # a new process: read, not measured again
-    cached = tuning.machine_coefficients()
-    assert cached.source == "cached" and cached.gemm_s == pytest.approx(c.gemm_s)
+def test_cores_divide_only_the_threaded_products():
+    """With h cores the choice is the argmin of the model with the dense products of threaded block lengths
+    divided by h; a state too small to be threaded gets the same block on any core count."""
+    shape_of, J, K = _shape(J=20000, K=10, per_step=1, L=100)
+    for h in (1, 2, 8):
+        got = tuning.choose_block(shape_of, J, K, cores=h)
+        one = tuning.choose_block(shape_of, J, K, cores=1)
+        for C, t in got.candidates.items():
+            n_sub, n_occ, S, n_nodes, rec = shape_of(C)
+            rank = K * n_nodes / n_occ
+            assert t == pytest.approx(tuning.predicted_seconds(n_sub, n_occ, S, rank, K, rec, cores=h), rel=1e-12)
+            if tuning.product_threads(S, rank, h) == 1:
+                assert t == one.candidates[C]
+            else:
+                assert t < one.candidates[C]
+    assert len({tuning.choose_block(shape_of, J, K, cores=h).block for h in (1, 2, 8, 64)}) > 1
+    small, J2, K2 = _shape(J=2000, K=1, per_step=1, L=1)
+    assert len({tuning.choose_block(small, J2, K2, cores=h).block for h in (1, 2, 64)}) == 1
+    with pytest.raises(ValueError, match="cores"):
+        tuning.choose_block(small, J2, K2, cores=0)
 
 
-def test_a_measurement_on_a_busy_machine_is_not_cached(fresh_cache, monkeypatch):
-    monkeypatch.setattr(tuning, "_machine_busy", lambda: True)
-    c = tuning.machine_coefficients()
-    assert c.source == "measured_busy" and len(c.gemm_s) == len(tuning.RANKS)
-    assert not tuning.cache_path().exists()
-    assert tuning.machine_coefficients() is c  # measured once per process all the same
-    monkeypatch.setattr(tuning, "_machine_busy", lambda: False)
-    tuning._MEMO.clear()  # a later process on a quiet machine measures and caches
-    assert tuning.machine_coefficients().source == "measured" and tuning.cache_path().exists()
+def test_product_threads_follow_the_host_filters_threshold():
+    from msrm import runtime
+
+    S = 100
+    R_at = runtime.DENSE_THREAD_MIN_FLOPS / (2.0 * S * S)
+    assert tuning.product_threads(S, R_at * 0.99, 8) == 1
+    assert tuning.product_threads(S, R_at, 8) == 8
+    assert tuning.product_threads(S, R_at, 1) == 1
 
 
-def test_a_cache_file_of_another_machine_is_not_used(fresh_cache):
-    path = tuning.cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    other = dict(tuning.machine_key(), cpu_model="another CPU")
-    path.write_text(json.dumps(dict(key=other, coefficients=tuning.DEFAULT_COEFFICIENTS.as_dict())))
-    assert tuning.machine_coefficients().source == "measured"
+def test_the_rule_does_not_read_features_only_the_scan_sizes():
+    """Features are reduced to node statistics before the scan: the same grid and nodes with 1 or 40 features
+    per stream get the same block."""
+    blocks = []
+    for F in (1, 40):
+        data, truth = data_synth.synthetic_dataset("tiny", n_features=F, n_factors=2, duration_scale=2.0, seed=4)
+        blocks.append(prepare(data, truth.spec).runs[0].tables.block)
+    assert blocks[0] == blocks[1]
 
 
-def test_tuning_off_uses_the_fallback_model_and_writes_nothing(fresh_cache, monkeypatch):
-    monkeypatch.setenv("MSRM_TUNING", "off")
-    assert tuning.machine_coefficients() is tuning.DEFAULT_COEFFICIENTS
-    assert not any(fresh_cache.iterdir())
-    monkeypatch.setenv("MSRM_TUNING", "sometimes")
-    with pytest.raises(ValueError, match="MSRM_TUNING"):
-        tuning.machine_coefficients()
-
-
-def test_override_wins_and_is_recorded(fresh_cache):
-    tuning.set_coefficients(tuning.DEFAULT_COEFFICIENTS)
-    assert tuning.machine_coefficients().source == "override"
-    data, truth = data_synth.synthetic_dataset("tiny", n_features=3, seed=3)
-    assert prepare(data, truth.spec).runs[0].tables.block_source == "override"
-    with pytest.raises(ValueError, match="coefficients"):
-        tuning.set_coefficients({"call_s": 1.0})
+def test_block_option_wins():
+    data, truth = data_synth.synthetic_dataset("tiny", n_features=3, n_factors=2, seed=5)
+    J = prepare(data, truth.spec).runs[0].tables.n_steps
+    for b in (1, 5, 10 * J):
+        t = prepare(data, truth.spec, block=b).runs[0].tables
+        assert t.block == min(b, J) and t.block_source == "option" and t.block_predicted_s is None
+    with pytest.raises(ValueError, match="block"):
+        prepare(data, truth.spec, block=0)
 
 
 def test_bad_coefficients_are_named():
@@ -96,27 +127,8 @@ def test_bad_coefficients_are_named():
         tuning.Coefficients(call_s=-1.0, pass_s=1e-9, gemm_s=(1e-9,), ranks=(4,))
     with pytest.raises(ValueError, match="gemm_s"):
         tuning.Coefficients(call_s=1e-6, pass_s=1e-9, gemm_s=(1e-9,), ranks=(4, 8))
-
-
-def _coeffs(call_s, gemm_per_rank):
-    return tuning.Coefficients(call_s=call_s, pass_s=1e-9, gemm_s=tuple(gemm_per_rank * r + 1e-9 for r in tuning.RANKS),
-                               source="override")
-
-
-def test_choice_follows_the_machine():
-    """Dear fixed costs per sub-step favour long blocks, dear products favour short ones: the same run gets a
-    different block length on a different machine."""
-    data, truth = data_synth.synthetic_dataset("tiny", n_features=3, n_factors=3, duration_scale=4.0, seed=0)
-    p = prepare(data, truth.spec, block=1)
-    lay, t = p.runs[0].gp.layout, p.runs[0].tables
-    ends = spp._window_ends(lay)
-    opts = spp.StateSpaceOptions()
-    overhead = spp.auto_block(lay, ends, 0, t.L, opts, _coeffs(1e-3, 1e-12))
-    flops = spp.auto_block(lay, ends, 0, t.L, opts, _coeffs(1e-9, 1e-8))
-    assert overhead.block > flops.block
-    for choice in (overhead, flops):
-        assert 1 <= choice.block <= min(tuning.MAX_BLOCK, lay.n_grid)
-        assert choice.predicted_s == min(choice.candidates.values())
+    with pytest.raises(ValueError, match="pass_s"):
+        tuning.Coefficients(call_s=1e-6, pass_s=math.inf, gemm_s=(1e-9,), ranks=(4,))
 
 
 def test_schedule_shape_matches_the_built_tables():
@@ -131,20 +143,32 @@ def test_schedule_shape_matches_the_built_tables():
         assert n_occ == int(occupied.sum())
 
 
-@pytest.mark.parametrize("source", ["default", "measured"])
-def test_every_choice_keeps_the_density(source, fresh_cache, monkeypatch):
-    if source == "default":
-        monkeypatch.setenv("MSRM_TUNING", "off")
-    data, truth = data_synth.synthetic_dataset("tiny", n_features=3, seed=2)
+def test_auto_block_reads_the_schedule():
+    data, truth = data_synth.synthetic_dataset("tiny", n_features=3, n_factors=3, duration_scale=4.0, seed=0)
+    p = prepare(data, truth.spec, block=1)
+    lay, t = p.runs[0].gp.layout, p.runs[0].tables
+    ends = spp._window_ends(lay)
+    opts = spp.StateSpaceOptions()
+    overhead = spp.auto_block(lay, ends, 0, t.L, opts, _coeffs(1e-3, 1e-12), cores=1)
+    flops = spp.auto_block(lay, ends, 0, t.L, opts, _coeffs(1e-9, 1e-8), cores=1)
+    assert overhead.block > flops.block
+    chosen = prepare(data, truth.spec).runs[0].tables
+    rule = spp.auto_block(lay, ends, 0, t.L, opts)
+    assert (chosen.block, chosen.block_predicted_s) == (rule.block, rule.predicted_s)
+
+
+@pytest.mark.parametrize("seed", [2, 6])
+def test_the_chosen_block_keeps_the_density(seed):
+    data, truth = data_synth.synthetic_dataset("tiny", n_features=3, seed=seed)
     theta = params_to_theta(truth.params)
     p = prepare(data, truth.spec, method="native")
-    assert p.runs[0].tables.block_source == source
+    assert p.runs[0].tables.block_source == "default"
     ref = brute_force_loglik(data, truth.spec, truth.params)
     got = float(loglik(theta, p)[0])
     assert abs(got - ref) <= 1e-8 * abs(ref)
 
 
-def test_pipeline_follows_the_machine(monkeypatch):
+def test_pipeline_follows_the_cost_model(monkeypatch):
     from msrm.gp.state_space import host
 
     monkeypatch.setattr(host, "PIPELINE_MIN_WORK", None)
@@ -152,5 +176,7 @@ def test_pipeline_follows_the_machine(monkeypatch):
     assert not host.pipeline_pays(335, 46.0, 5, dear_calls)
     assert host.pipeline_pays(335, 46.0, 5, dear_products)
     assert not host.pipeline_pays(335, 0.0, 5, dear_products)
+    # without coefficients the fixed ones are read: the same answer on every machine
+    assert host.pipeline_pays(335, 46.0, 5) == host.pipeline_pays(335, 46.0, 5, tuning.COEFFICIENTS)
     monkeypatch.setattr(host, "PIPELINE_MIN_WORK", 0.0)  # a fixed threshold overrides the model
     assert host.pipeline_pays(335, 46.0, 5, dear_calls)

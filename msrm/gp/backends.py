@@ -14,8 +14,9 @@ A backend computes the GP-MSRM marginal likelihood of a dataset (latent factors 
   has a ``method`` field.
 * ``prepare(data, spec, options) -> prepared``: everything that does not depend on the parameters, on the host
   (NumPy), once per model. ``prepared`` is a JAX pytree whose leaves are the arrays the likelihood reads.
-* ``peak_bytes(prepared, options) -> (bytes, dim) | None``: the predicted peak memory of one likelihood
-  evaluation and the largest factorization dimension, checked by the model's memory guard
+* ``peak_bytes(prepared, options) -> (bytes, dim) | (bytes, dim, what, suggestion) | None``: the predicted peak
+  memory of one likelihood evaluation and the largest factorization dimension (and, optionally, a description of
+  the sizes and a remedy for the refusal message), checked by the model's memory guard
   (:func:`msrm.gp.memory.check_memory`) before anything is placed on a device; None when there is no estimate
   (the guard is skipped).
 * ``devices(options, devices, commit) -> list``: the devices it will run on, out of ``devices`` (what the caller

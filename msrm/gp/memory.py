@@ -11,9 +11,32 @@ A guarded factorization of dimension ``n`` with ``r`` right-hand sides holds, at
 
 so ``predict_peak_bytes(n, r) = 8 * (6 n^2 + 3 n r) + extra``. ``extra`` is for what the caller keeps alive
 beside it (covariance assembly, sufficient statistics). :func:`likelihood_peak_bytes` builds the dense/grouped
-likelihood's peak on it. These two functions are the one memory model: the guards (:func:`check_factorization`
-for one factorization, the model's guard for the likelihood) and the benchmark that measures the peak against
-the prediction (``msrm_lab.bench.linalg``, rows ``experiment="memory_prediction"``) all call them.
+likelihood's peak on it. These two functions are the one memory model of the node-space factorization: the guards
+(:func:`check_factorization` for one factorization, the model's guard for the likelihood) and the benchmark that
+measures the peak against the prediction (``msrm_lab.bench.linalg``, rows ``experiment="memory_prediction"``) all
+call them.
+
+The state-space backend has no factorization of the node space; its value+gradient holds (float64, per run with
+``T`` sub-steps of ``M`` node slots, ``S = K Q`` states, ``N`` nodes, checkpointed chunks of ``c`` sub-steps)
+
+* the step tables: the dense weights ``A`` (T, M, Q), the information factors (T, M, K, K) and the whitened data
+  (T, M K), ``T M (Q + K^2 + K)`` numbers, in ``SS_TABLE_COPIES = 5`` copies: on the host the tables as the
+  filter reads them and their adjoints, in XLA the tables, the adjoints handed back and the temporaries of
+  building them (the weights are scattered into zeros and concatenated);
+* the per-node arrays (information, factor, whitened data: ``N (K^2 + K)``) in ``SS_NODE_COPIES = 4`` copies;
+* the scan's states: a mean and covariance at every chunk start (``n_chunks (S^2 + S)``) and, in the reverse
+  pass, what each sub-step of a chunk kept (its covariance; the ``S x R`` products ``U`` and ``Uᵀ``'s adjoint
+  at the update rank ``R = M K``; the ``S x d K`` SDE columns; six ``R x R`` factors of the absorb:
+  ``S^2 + S (2 R + d K + 2) + 6 R^2``): every sub-step of a run scanned in one chunk, else two chunks at once
+  (the one being reversed and the one recomputed next), three when the recomputation is pipelined on a second
+  thread;
+* in the associative scan instead of the states, every grid step's element (three S x S matrices) in
+  ``SS_PARALLEL_COPIES = 4`` copies (the elements, the scan's partial combinations, and their adjoints).
+
+:func:`state_space_peak_bytes` sums the tables and node arrays over runs (every run's adjoints live until the
+gradient is assembled) and adds the largest run's states. Everything in it is linear in the grid length for the
+sequential scan (``T M`` is about the node count; ``S`` and ``c`` do not grow with the run beyond ``sqrt(T)``
+chunks), so a long single-stream run is bounded by its tables.
 
 The guards run where the sizes are known, before JAX traces anything: the model at construction,
 :func:`msrm.gp.linalg.quad_logdet` on an eager call.
@@ -26,7 +49,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "MemoryGuardError",
@@ -36,6 +59,11 @@ __all__ = [
     "dense_bytes",
     "predict_peak_bytes",
     "likelihood_peak_bytes",
+    "SS_TABLE_COPIES",
+    "SS_NODE_COPIES",
+    "SS_PARALLEL_COPIES",
+    "StateSpaceSizes",
+    "state_space_peak_bytes",
     "check_factorization",
     "available_bytes",
     "memory_limit",
@@ -44,6 +72,9 @@ __all__ = [
 
 PEAK_MATRICES = 6
 PEAK_PANELS = 3
+SS_TABLE_COPIES = 5
+SS_NODE_COPIES = 4
+SS_PARALLEL_COPIES = 4
 ENV_LIMIT = "MSRM_MEMORY_LIMIT_BYTES"
 _GB = 1e9
 _FLOAT64_BYTES = 8
@@ -103,6 +134,75 @@ def likelihood_peak_bytes(node_counts, n_factors: int) -> tuple[int, int]:
     if largest == 0:
         raise ValueError("node_counts must name at least one run")
     return predict_peak_bytes(largest, 1, extra=extra), largest
+
+
+class StateSpaceSizes(NamedTuple):
+    """The sizes of one state-space run that its memory depends on (from its prepared tables).
+
+    Fields:
+        sub_steps: T, sub-steps of the scan (padded to whole chunks). slots: M, node slots per sub-step.
+        n_states: S. n_factors: K. sde_states: d, SDE states per factor. n_nodes: N.
+        chunk: sub-steps per checkpointed chunk. n_chunks: chunks.
+        pipelined: the reverse pass recomputes the previous chunk on a second thread (two chunks held).
+        parallel: the associative scan (every step's element held) instead of the sequential one.
+    """
+
+    sub_steps: int
+    slots: int
+    n_states: int
+    n_factors: int
+    sde_states: int
+    n_nodes: int
+    chunk: int
+    n_chunks: int
+    pipelined: bool = False
+    parallel: bool = False
+
+
+def state_space_peak_bytes(runs) -> tuple[int, int]:
+    """Peak bytes of one value+gradient of the state-space likelihood over runs of these sizes.
+
+    Per run (module docstring): ``8 (5 T M (Q + K^2 + K) + 4 N (K^2 + K))`` for the step tables and node
+    arrays, summed over runs; plus the largest run's scan states, ``8 (n_chunks (S^2 + S) + h c (S^2 + S (2 R +
+    d K + 2) + 6 R^2))`` with ``R = M K`` (``h`` = 1 for a single chunk, else 3 when pipelined and 2 when
+    not) for the sequential scan,
+    ``8 * 4 T (3 S^2 + 2 S)`` for the associative one.
+
+    What it counts are the arrays (NumPy and XLA buffers); the process's resident memory adds the C
+    allocator's slack and the compiled program, which the guard leaves to the margin of free memory.
+
+    Args:
+        runs: iterable of :class:`StateSpaceSizes`.
+    Returns:
+        (bytes, largest state dimension S).
+    """
+    tables, states, largest, count = 0, 0, 0, 0
+    for r in runs:
+        T = _check_count("sub_steps", r.sub_steps, 1)
+        M = _check_count("slots", r.slots, 0)
+        S = _check_count("n_states", r.n_states, 1)
+        K = _check_count("n_factors", r.n_factors, 1)
+        d = _check_count("sde_states", r.sde_states, 1)
+        N = _check_count("n_nodes", r.n_nodes, 0)
+        c = _check_count("chunk", r.chunk, 1)
+        n_chunks = _check_count("n_chunks", r.n_chunks, 1)
+        if S % K:
+            raise ValueError(f"n_states ({S}) must be a multiple of n_factors ({K})")
+        Q = S // K
+        tables += SS_TABLE_COPIES * dense_bytes(T, M, Q + K * K + K) + SS_NODE_COPIES * dense_bytes(N, K * K + K)
+        if r.parallel:
+            held = SS_PARALLEL_COPIES * dense_bytes(T, 3 * S * S + 2 * S)
+        else:
+            R = M * K
+            kept = S * S + S * (2 * R + d * K + 2) + 6 * R * R
+            h = 1 if n_chunks == 1 else 3 if r.pipelined else 2
+            held = dense_bytes(n_chunks, S * S + S) + h * dense_bytes(c, kept)
+        states = max(states, held)
+        largest = max(largest, S)
+        count += 1
+    if count == 0:
+        raise ValueError("runs must name at least one run")
+    return tables + states, largest
 
 
 def check_factorization(dim: int, n_rhs: int = 1, *, device: Any = None) -> int:

@@ -202,9 +202,14 @@ class GPMSRM:
         """N K per run: the dimension of the dense factorization (dense/grouped)."""
         return [n * self.spec.n_factors for n in self.node_counts]
 
-    def _check_peak(self, need: int, largest: int) -> None:
+    def _check_peak(self, need: int, largest: int, what: str | None = None, suggestion: str | None = None) -> None:
+        """The memory guard on a backend's ``peak_bytes``: ``(bytes, dim)`` of a node-space factorization, or
+        ``(bytes, dim, what, suggestion)`` from a backend that names its own sizes and remedy (state space)."""
         from . import memory
 
+        if what is not None:
+            memory.check_memory(need, what=what, **({} if suggestion is None else {"suggestion": suggestion}))
+            return
         memory.check_memory(
             need, what=f"the {self.linear_algebra} GP likelihood (largest factorization N*K = {largest})", dim=largest)
 

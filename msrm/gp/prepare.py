@@ -207,6 +207,35 @@ def _group_layout(g: ResponseGroup, start: int, stop: int, node_time: np.ndarray
     return GroupLayout(g.key, g.response, g.param_key, start, stop, window, rows, cols)
 
 
+def _low_rows(sample_nodes: np.ndarray, observed: np.ndarray, low: np.ndarray, slot: np.ndarray,
+              K: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the flattened (N K, K) factor filled by one stream's observed values at low-count nodes.
+
+    The observed values at a low node take its next free rows in (sample, feature) order: the e-th such value
+    of this stream at node u fills row ``u K + slot[u] + e``. ``slot`` (N,) is advanced in place past them, so
+    the streams of a run fill each node's rows one after another. Vectorised (O(observed values) memory, no
+    per-sample arrays).
+
+    Args:
+        sample_nodes: (n_s,) node of each sample. observed: (n_s, F) bool. low: (N,) bool, low-count nodes.
+        slot: (N,) int64 next free row of each node's factor (updated). K: factors.
+    Returns:
+        (rows, feats): (e,) int64 factor rows and feature indices.
+    """
+    at_low = np.flatnonzero(low[sample_nodes])
+    if at_low.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    i, feats = np.nonzero(observed[at_low])  # row-major: samples in order, features ascending
+    u = sample_nodes[at_low][i]
+    order = np.argsort(u, kind="stable")
+    first = np.searchsorted(u[order], u[order], side="left")  # first position of each value's node in order
+    rank = np.empty_like(u)
+    rank[order] = np.arange(u.size) - first  # the value's place among this stream's values at its node
+    rows = u * K + slot[u] + rank
+    slot += np.bincount(u, minlength=slot.size)
+    return rows.astype(np.int64), feats.astype(np.int64)
+
+
 def prepare_run(
     run: Run,
     spec: ModelSpec,
@@ -248,14 +277,7 @@ def prepare_run(
     for s, st in zip(run.streams, stats):
         sample_nodes = nodes.stream_nodes[s.key]
         counts = np.bincount(sample_nodes, minlength=N).astype(np.float64)
-        observed = s.mask
-        rows, feats = [], []
-        for i in np.flatnonzero(low[sample_nodes]):
-            u = sample_nodes[i]
-            f_obs = np.flatnonzero(observed[i])
-            rows.append(u * K + slot[u] + np.arange(f_obs.size))
-            feats.append(f_obs)
-            slot[u] += f_obs.size
+        low_rows, low_feats = _low_rows(sample_nodes, s.mask, low, slot, K)
         stream_layouts.append(
             StreamLayout(
                 key=s.key,
@@ -264,8 +286,8 @@ def prepare_run(
                 sample_nodes=sample_nodes,
                 node_counts=counts,
                 has_missing=st.mask is not None,
-                low_rows=np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64),
-                low_feats=np.concatenate(feats).astype(np.int64) if feats else np.zeros(0, np.int64),
+                low_rows=low_rows,
+                low_feats=low_feats,
             )
         )
     layout = RunLayout(

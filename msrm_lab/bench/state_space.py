@@ -408,7 +408,7 @@ def target_rows(size: str, *, info=None) -> list[dict]:
     ``woodbury_outside_factorization_s`` (the Woodbury piece less the factorization: building ``M`` and its
     backward).
 
-    Every row carries the machine's block-model coefficients and where they came from."""
+    Every row carries the block rule's coefficients."""
     import numpy as np
 
     from msrm.gp.state_space import tuning
@@ -419,7 +419,7 @@ def target_rows(size: str, *, info=None) -> list[dict]:
     sz = SIZES[size]
     tg = sz["targets"]
     coeffs = tuning.machine_coefficients()
-    tune = dict(tuning=coeffs.as_dict(), tuning_cache=str(tuning.cache_path()), profile=sz["profile"],
+    tune = dict(tuning=coeffs.as_dict(), profile=sz["profile"],
                 n_features=sz["n_features"])
     rows: list[dict] = []
 

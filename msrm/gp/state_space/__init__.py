@@ -22,8 +22,8 @@ import numpy as np
 from ..backends import Backend, register_backend
 from .prepare import StateSpaceOptions, StateSpacePrepared, prepare, prepare_options
 
-__all__ = ["prepare", "loglik", "run_logliks", "StateSpaceOptions", "StateSpacePrepared", "StateSpaceBackend",
-           "STATE_SPACE"]
+__all__ = ["prepare", "loglik", "run_logliks", "run_sizes", "StateSpaceOptions", "StateSpacePrepared",
+           "StateSpaceBackend", "STATE_SPACE"]
 
 
 def _per_run(theta, prepared: StateSpacePrepared) -> tuple[list, list]:
@@ -67,9 +67,8 @@ def loglik(theta, prepared: StateSpacePrepared):
 class StateSpaceBackend(Backend):
     """The Kalman-filter backend (one device).
 
-    ``peak_bytes`` is None: the filter keeps O(S^2) per kept sub-step (S the state dimension), bounded by the
-    checkpointing of :func:`.prepare.auto_chunk`, and no model of its peak is calibrated, so the memory guard is
-    skipped.
+    ``peak_bytes`` is :func:`msrm.gp.memory.state_space_peak_bytes` of the prepared tables (the step tables, node
+    arrays and the scan's kept states), checked by the model's memory guard before anything is placed on a device.
     """
 
     name = "state_space"
@@ -77,6 +76,24 @@ class StateSpaceBackend(Backend):
 
     def prepare(self, data, spec, options: StateSpaceOptions) -> StateSpacePrepared:
         return prepare_options(data, spec, options)
+
+    def peak_bytes(self, prepared: StateSpacePrepared, options: StateSpaceOptions):
+        """``(bytes, S, what, suggestion)``: the predicted peak of one value+gradient
+        (:func:`msrm.gp.memory.state_space_peak_bytes`), the largest state dimension, and for the guard's message
+        the sizes it comes from and what to do instead."""
+        from .. import memory
+
+        sizes = [run_sizes(run) for run in prepared.runs]
+        need, largest = memory.state_space_peak_bytes(sizes)
+        r = max(range(len(sizes)), key=lambda i: memory.state_space_peak_bytes([sizes[i]])[0])
+        z, t = sizes[r], prepared.runs[r].tables
+        what = (f"the state_space GP likelihood ({len(sizes)} run(s); the largest, run {r}: J = {t.n_steps} grid "
+                f"points, T = {z.sub_steps} sub-steps x M = {z.slots} node slots, S = {z.n_states} states "
+                f"(K = {z.n_factors}), block {t.block}, {z.n_chunks} chunk(s) of {z.chunk})")
+        suggestion = ("the step tables grow with nodes x states, so pass a smaller block= (the ring, and with it "
+                      "S, shrinks with the block), use a coarser latent_dt, drop parallel=True (its elements are "
+                      "S x S per grid step), or run where more memory is free")
+        return need, largest, what, suggestion
 
     def loglik(self, theta, prepared):
         return loglik(theta, prepared)
@@ -132,6 +149,21 @@ class StateSpaceBackend(Backend):
         for run, data_run, sm in zip(prepared.runs, data.runs, smooth_runs(theta, prepared)):
             out.append(stream_predictions(theta, run.gp, data_run, sm.node_mean, sm.node_cov))
         return out
+
+
+def run_sizes(run):
+    """The :class:`msrm.gp.memory.StateSpaceSizes` of one prepared run (its step tables' shapes)."""
+    from ... import runtime
+    from .. import memory
+
+    t = run.tables
+    return memory.StateSpaceSizes(
+        sub_steps=int(t.block_index.size), slots=int(t.n_slots), n_states=int(t.n_states), n_factors=int(t.K),
+        sde_states=int(t.d), n_nodes=int(run.gp.layout.n_nodes) + 1, chunk=int(t.chunk), n_chunks=int(t.n_chunks),
+        # the host reverse pass may recompute the previous chunk on a second thread (a third chunk held): counted
+        # whenever it could (callback, several chunks, two cores), an upper bound
+        pipelined=bool(t.method == "callback" and t.n_chunks > 1 and runtime.physical_cores() >= 2),
+        parallel=bool(t.parallel))
 
 
 STATE_SPACE = register_backend(StateSpaceBackend())

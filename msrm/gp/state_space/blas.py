@@ -1,5 +1,5 @@
 """The host filter's BLAS entry points: one BLAS thread while it runs, and the in-place ``dgemm`` its covariance
-updates use (shared by :mod:`.host` and the cost measurements of :mod:`.tuning`)."""
+updates use (:mod:`.host`)."""
 from __future__ import annotations
 
 import ctypes

@@ -55,12 +55,12 @@ __all__ = ["HostFilter", "gemm_acc", "one_blas_thread", "pipeline_pays", "larges
 
 # Whether the reverse pass recomputes on a second thread. Below some size a sub-step's BLAS work is too small to
 # outweigh the GIL-held Python and small-array work the second thread contends for, so the one-thread pass is
-# faster; where that size lies depends on the machine. None: decided by the block-length cost model with this
-# machine's coefficients (:func:`pipeline_pays`); a number: a fixed threshold on S^2 x (mean update rank).
+# faster. None: decided by the block-length cost model's fixed coefficients (:func:`pipeline_pays`); a number: a
+# fixed threshold on S^2 x (mean update rank).
 PIPELINE_MIN_WORK: float | None = None
 # the pass is pipelined when its dense products take at least this many times the sub-step's fixed cost: a ratio
-# of two costs measured on the machine, so it carries across CPUs where an absolute size does not; it lies between
-# the ratios at one-eighth with K = 3 (one thread measured faster) and at x8 with K = 5 (two threads faster)
+# of two costs, so it carries across CPUs where an absolute size does not; it lies between the ratios of the
+# one-eighth design with K = 3 (where one thread is faster) and of the x8 design with K = 5 (where two are)
 PIPELINE_BLAS_OVER_FIXED = 2.5
 
 
@@ -68,7 +68,7 @@ def pipeline_pays(n_states: int, rank: float, K: int, coefficients=None) -> bool
     """Whether recomputing on a second thread pays for a sub-step of ``n_states`` states at mean update rank
     ``rank``: the forward and reverse dense products (BLAS, without the GIL) take at least
     :data:`PIPELINE_BLAS_OVER_FIXED` times the sub-step's fixed cost (GIL-held calls), by the model of
-    :mod:`.tuning` (``coefficients`` default to this machine's), or S^2 x rank reaches :data:`PIPELINE_MIN_WORK`
+    :mod:`.tuning` (``coefficients`` default to its fixed ones), or S^2 x rank reaches :data:`PIPELINE_MIN_WORK`
     when that is set."""
     if rank <= 0:
         return False

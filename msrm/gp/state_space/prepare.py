@@ -36,10 +36,10 @@ from .sde import n_states as sde_states
 # The sequential scan absorbs together every node whose window ends inside a block of C grid steps: one
 # covariance update of rank (their count x K) per block. A sub-step has a fixed cost (tens of small operations,
 # one small LU, the prediction's row and column writes) beside its S^2 x rank products, and a longer block also
-# lengthens the ring (S grows by K per extra step). Which C is fastest depends on the machine: by default it is
-# chosen per run by a cost model whose coefficients are measured on this CPU and cached (:mod:`.tuning`);
-# ``msrm_lab.bench.state_space.block_rows`` measures value+gradient against C (the state-space chapter's block
-# table).
+# lengthens the ring (S grows by K per extra step). By default C is chosen per run by a deterministic rule of the
+# run's sizes and the machine's core count (:mod:`.tuning`: the C a fixed-coefficient cost model predicts
+# fastest); ``msrm_lab.bench.state_space.block_rows`` measures value+gradient against C (the state-space chapter's
+# block table).
 
 # The reverse pass reads each sub-step's state. By default (``checkpoint_every=None``) every state is kept, and
 # nothing recomputed, when all the covariances fit in KEEP_BYTES; otherwise the scan is cut into about
@@ -106,10 +106,9 @@ class RunTables:
         embedding: ``"exact"``, ``"rational"`` or ``"laguerre"``; parallel: use the associative scan.
         groups: tuple of GroupTable; bank_M (n, n), bank_v (n,) or None.
         method: ``"callback"`` (the sequential scan on the host, :mod:`.host`) or ``"native"`` (XLA).
-        block_source: where C came from: ``"option"`` (``block=``), ``"parallel"`` (the associative scan), or the
-            source of the cost model's coefficients (``"measured"``, ``"cached"``, ``"default"``, ``"override"``,
-            :mod:`.tuning`). block_predicted_s: the model's seconds for one value+gradient at C (None unless
-            chosen by the model).
+        block_source: where C came from: ``"option"`` (``block=``), ``"parallel"`` (the associative scan) or
+            ``"default"`` (the rule of :mod:`.tuning`). block_predicted_s: the rule's modelled seconds for one
+            value+gradient at C (None unless chosen by the rule).
     """
 
     block_index: np.ndarray
@@ -196,8 +195,7 @@ class StateSpaceOptions:
             :func:`auto_chunk` (one chunk when every state fits :data:`KEEP_BYTES`, else about sqrt(sub-steps));
             0 = no checkpointing (every state kept).
         block: grid steps per block of the sequential scan; None chooses it per run with :func:`auto_block` (the
-            cost model of :mod:`.tuning`, with this machine's measured coefficients). The value does not change
-            the density.
+            deterministic rule of :mod:`.tuning`). The value does not change the density.
     """
 
     method: str = "auto"
@@ -265,14 +263,15 @@ def schedule_shape(lay, ends, C: int, n_bank: int, L: int, options: StateSpaceOp
     return n_sub, n_occ, S, int(total.sum()), recompute
 
 
-def auto_block(lay, ends, n_bank: int, L: int, options: StateSpaceOptions, coefficients=None):
-    """The block length of one run the cost model of :mod:`.tuning` predicts fastest on this machine (its
-    :class:`~msrm.gp.state_space.tuning.BlockChoice`); ``coefficients`` default to this machine's
-    (:func:`~msrm.gp.state_space.tuning.machine_coefficients`)."""
+def auto_block(lay, ends, n_bank: int, L: int, options: StateSpaceOptions, coefficients=None, cores=None):
+    """The block length of one run by the rule of :mod:`.tuning` (its
+    :class:`~msrm.gp.state_space.tuning.BlockChoice`): the C its fixed-coefficient cost model predicts fastest
+    for this run's schedule; ``coefficients`` default to :data:`~msrm.gp.state_space.tuning.COEFFICIENTS`,
+    ``cores`` to the machine's physical cores."""
     from .tuning import choose_block
 
     return choose_block(lambda C: schedule_shape(lay, ends, C, n_bank, L, options), lay.n_grid, lay.n_factors,
-                        coefficients)
+                        coefficients, cores)
 
 
 def _group_counts(units: np.ndarray, n_units: int, piles: tuple[int, ...]) -> tuple[np.ndarray, int]:
@@ -312,11 +311,12 @@ def _sub_steps(all_units: list[np.ndarray], all_piles: list[tuple], n_units: int
     for units, M in zip(all_units, Ms):
         n_g = units.size
         local = np.full((T_pad, M), n_g, dtype=np.int32)
-        fill = np.zeros(n_units, dtype=np.int64)
-        for u in np.argsort(units, kind="stable"):
-            e = units[u]
-            local[first_sub[e] + fill[e] // M, fill[e] % M] = u
-            fill[e] += 1
+        # nodes in unit order (stable: ascending node index inside a unit); the r-th node of unit e fills slot
+        # r mod M of the unit's sub-step r // M
+        order = np.argsort(units, kind="stable")
+        e = units[order]
+        r = np.arange(n_g) - np.searchsorted(e, e, side="left")
+        local[first_sub[e] + r // M, r % M] = order
         tables.append(local)
     return unit_index, predict, tables, chunk, n_chunks
 

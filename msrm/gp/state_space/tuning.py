@@ -1,68 +1,72 @@
-r"""Per-machine choice of the sequential scan's block length C: a cost model with coefficients measured on this CPU.
+r"""The sequential scan's block length C: a deterministic rule of the problem's sizes and the machine's core count.
 
 The host filter's sub-step (:mod:`.host`) costs a fixed amount (tens of NumPy and ctypes calls, one small LU) plus
-passes over the S x S covariance plus its dense products of S x S by the update rank R. Which of these dominates,
-and so which C is fastest, depends on the CPU and its BLAS kernel: a block length tuned on one machine does not
-carry to another. The model of one value+gradient of a run with block length C is
+passes over the S x S covariance plus its dense products of S x S by the update rank R. A longer block absorbs
+more nodes per sub-step (fewer sub-steps, so less fixed cost) but lengthens the ring, so every product and pass
+is over a larger state. The rule picks the C in ``1 .. min(MAX_BLOCK, J)`` that minimises the modelled cost of
+one value+gradient of the run,
 
 .. math::
 
-    t(C) = n_\mathrm{sub}(C)\,\big(o + p\,S(C)^2\,\mu\big) + \sum_{\text{occupied}} S(C)^2\, c\, g(\bar R(C)),
+    t(C) = n_\mathrm{sub}(C)\,\big(o + p\,S(C)^2\,\mu\big)
+         + \sum_{\text{occupied}} S(C)^2\, \big(c\, g(\bar R) + c_n\, g(\bar R / K)\big) / h
+         + \sum_{\text{occupied}} \phi(\bar R)\,\big(c_s\, 2 \bar R^2 S(C) + c_r \bar R^3\big),
 
-with ``n_sub`` sub-steps, ``S = K (d + n_ring + n_bank)`` states (the ring grows with C), ``o`` the fixed cost of
-a sub-step, ``μ`` the cost per element of a pass over a covariance (``p`` passes per sub-step), ``g(R)`` the
-cost per covariance element of one ``S x S x R`` product (:func:`msrm.gp.state_space.host.gemm_acc`) at the
-mean update rank ``R̄`` and ``c`` such products per sub-step (one more where the reverse pass recomputes
-checkpointed chunks). ``p`` and ``c`` count the operations the code performs; ``o``, ``μ`` and ``g`` are this
-machine's (:class:`Coefficients`).
+read off the schedule the run would have at C (:func:`msrm.gp.state_space.prepare.schedule_shape`): ``n_sub``
+sub-steps, of which the occupied ones absorb nodes, ``S = K (d + n_ring + n_bank)`` states (the ring grows with
+C), mean update rank ``R̄ = K x nodes / occupied sub-steps``. ``o`` is the fixed cost of a sub-step
+(:data:`OPS_PER_SUB_STEP` small calls), ``μ`` the cost per element of a pass over a covariance (``p`` passes),
+``g(R)`` the cost per covariance element of one ``S x S x R`` product (``c`` of them, ``c_n`` narrow ones at rank
+``R / K``; one more of each where the reverse pass recomputes checkpointed chunks), ``φ(R)`` the cost of a flop
+at rank R for the rank-sized work (``R x R x S`` products and the ``R x R`` factorizations). ``p``, ``c``,
+``c_n``, ``c_s``, ``c_r`` count the operations the code performs.
 
-Where the coefficients come from (:func:`machine_coefficients`), in order:
+**The coefficients are fixed** (:data:`COEFFICIENTS`): about 1.5 µs a small call, 1 ns an element of a pass,
+and a rank-R product at 10 GFLOP/s with its S x S result written once (``g(R) = 2 R / 10^10 + 2 10^{-9}`` s), an
+order-of-magnitude single core of a current x86 or ARM server. The rule only compares C against C on one run,
+so what matters is the ratio of the fixed cost to the per-element costs, which varies far less between machines
+than either does, and the modelled cost is shallow around its minimum (tens of percent over a factor of two in C
+on the synthetic profiles), so a C near another machine's own optimum costs it little. A rule also gives every
+machine, process and test the same block length for the same sizes and cores, so the same schedule and the same
+rounding, and it takes no time and writes nothing.
 
-1. :func:`set_coefficients` (an explicit override for this process), or the ``block=`` option of the backend,
-   which bypasses the model altogether;
-2. a JSON file in the cache folder (:func:`cache_dir`: ``$MSRM_CACHE_DIR``, else ``$XDG_CACHE_HOME/msrm``,
-   else ``~/.cache/msrm``), keyed by CPU model, physical cores, BLAS kernel (threadpoolctl's ``internal_api``,
-   ``version``, ``architecture``) and the msrm and NumPy versions (:func:`machine_key`);
-3. measured now (:func:`measure`: a fraction of a second of micro-benchmarks on one BLAS thread, as the host
-   filter runs, each the fastest of a few repeats so that other work on the machine disturbs it little) and
-   written to that file, unless ``MSRM_TUNING=off``; delete the file to measure again;
-4. with ``MSRM_TUNING=off`` (or an unwritable cache and no measurement), :data:`DEFAULT_COEFFICIENTS`, the cost
-   model's fallback.
+**Cores** (:math:`h`): the host filter runs its dense products on one BLAS thread unless the largest one reaches
+:data:`msrm.runtime.DENSE_THREAD_MIN_FLOPS` (:func:`msrm.runtime.filter_thread_count`), and then on the idle
+cores. The rule counts ``h`` = the machine's physical cores (:func:`msrm.runtime.physical_cores`, or ``cores=``)
+for products that large (``2 S^2 R̄ >= DENSE_THREAD_MIN_FLOPS``) and 1 below: the block lengths whose products
+are threaded then cost that much less in their dense part (which way that moves the choice depends on the run;
+a run whose products all stay below the threshold gets the same C on any core count). The fixed and rank-sized
+costs stay on one core.
 
-The block length never changes the density (tested); only the cost does. The choice, its source and its
-predicted cost are kept in the run's tables (``RunTables.block_source``, ``block_predicted_s``), which the
-benchmark rows report.
+**Not in the rule**: the number of features and streams. Every feature of a node is reduced to the node's K x K
+information factor and K-vector before the scan (:func:`msrm.gp.likelihood.node_information`), so the scan's cost,
+which is all that C changes, does not depend on them.
+
+``block=`` (the backend option) bypasses the rule. The block length never changes the density (tested); only
+the cost does. The choice and its modelled cost are kept in the run's tables (``RunTables.block_source`` is
+``"default"`` for a choice of this rule, ``RunTables.block_predicted_s`` the modelled seconds).
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
-import json
 import math
-import os
-import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Coefficients", "DEFAULT_COEFFICIENTS", "MAX_BLOCK", "RANKS", "OPS_PER_SUB_STEP", "PASSES_PER_SUB_STEP",
-           "PRODUCTS_PER_SUB_STEP", "cache_dir", "machine_key", "cache_path", "measure", "machine_coefficients",
-           "set_coefficients", "predicted_seconds", "BlockChoice", "choose_block"]
+__all__ = ["Coefficients", "COEFFICIENTS", "DEFAULT_COEFFICIENTS", "MAX_BLOCK", "RANKS", "OPS_PER_SUB_STEP",
+           "PASSES_PER_SUB_STEP", "PRODUCTS_PER_SUB_STEP", "NARROW_PRODUCTS_PER_SUB_STEP", "machine_coefficients",
+           "product_threads", "predicted_seconds", "BlockChoice", "choose_block"]
 
-# The largest block length searched (a bound of the search, not a tuned value: past it the ring alone makes S
-# grow faster than the sub-step count falls).
+# The largest block length searched (a bound of the search: past it the ring alone makes S grow faster than the
+# sub-step count falls).
 MAX_BLOCK = 64
 
-# The update ranks g(R) is measured at (interpolated in log R between them, held flat outside).
+# The update ranks g(R) is tabulated at (interpolated in log R between them, held flat outside).
 RANKS = (4, 8, 16, 32, 64, 128)
-_SIZE = 256  # the covariance side the products and passes are measured at
 
 # What a value+gradient sub-step does, counted from :mod:`.host` (forward step, its reverse, the weight adjoints):
-# NumPy/ctypes calls (each costs about the measured call overhead), passes over an S x S array (the kept copy,
-# the adjoint's half-sum and its two additions, the prediction's row and column writes) and S x S x R products
-# (the forward update, the reverse pass's P̄ U).
+# NumPy/ctypes calls, passes over an S x S array (the kept copy, the adjoint's half-sum and its two additions,
+# the prediction's row and column writes) and S x S x R products (the forward update, the reverse pass's P̄ U).
 OPS_PER_SUB_STEP = 160
 PASSES_PER_SUB_STEP = 6.0
 PRODUCTS_PER_SUB_STEP = 2.0
@@ -77,15 +81,14 @@ RRR_FLOPS_RECOMPUTED = 6.0
 
 @dataclass(frozen=True)
 class Coefficients:
-    """A machine's costs for the block-length model (seconds).
+    """Costs of the block-length model (seconds).
 
     Fields:
         call_s: one small NumPy/ctypes call (the fixed cost of a sub-step is ``OPS_PER_SUB_STEP`` of them).
         pass_s: one element of a pass over an S x S float64 array.
         gemm_s: per covariance element of one S x S x R product, at each rank of ``ranks``.
-        ranks: the ranks ``gemm_s`` was measured at.
-        source: ``"measured"``, ``"measured_busy"`` (measured while other work kept every core busy, so used in
-            this process only and not cached), ``"cached"``, ``"default"`` or ``"override"``.
+        ranks: the ranks ``gemm_s`` is given at.
+        source: a label recorded with a choice (``"default"`` for :data:`COEFFICIENTS`).
     """
 
     call_s: float
@@ -116,161 +119,41 @@ class Coefficients:
                     source=self.source)
 
 
-# The fallback when measuring is off: an order-of-magnitude machine (about 1 µs a call, 1 ns an element pass,
-# 10 GFLOP/s on a rank-R product with its C written once).
-DEFAULT_COEFFICIENTS = Coefficients(
+#: The rule's fixed coefficients (module docstring): about 1.5 µs a call, 1 ns an element pass, 10 GFLOP/s on a
+#: rank-R product with its S x S result written once.
+COEFFICIENTS = Coefficients(
     call_s=1.5e-6, pass_s=1.0e-9,
     gemm_s=tuple(2.0 * r / 10e9 + 2.0e-9 for r in RANKS), ranks=RANKS, source="default")
-
-_OVERRIDE: list = [None]
-
-
-def set_coefficients(coefficients: Coefficients | None) -> None:
-    """Use ``coefficients`` for every later block choice in this process (None: back to the cache/measurement)."""
-    if coefficients is not None and not isinstance(coefficients, Coefficients):
-        raise ValueError(f"coefficients must be a Coefficients or None, got {type(coefficients).__name__}")
-    _OVERRIDE[0] = None if coefficients is None else dataclasses.replace(coefficients, source="override")
-
-
-def cache_dir() -> Path:
-    """The folder of msrm's per-machine cache: ``$MSRM_CACHE_DIR``, else ``$XDG_CACHE_HOME/msrm``, else
-    ``~/.cache/msrm``."""
-    if os.environ.get("MSRM_CACHE_DIR"):
-        return Path(os.environ["MSRM_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "msrm"
-
-
-@functools.lru_cache(maxsize=1)
-def machine_key() -> dict:
-    """What the measured coefficients depend on: CPU model and vector extension, physical cores, BLAS kernel, msrm
-    and NumPy versions."""
-    from ... import __version__, runtime
-
-    blas = []
-    try:
-        blas = sorted({(d.get("internal_api"), d.get("version"), d.get("architecture"))
-                       for d in runtime.blas_info() if d.get("user_api") == "blas"}, key=str)
-    except Exception:  # pragma: no cover - threadpoolctl failure leaves the kernel unnamed
-        pass
-    return dict(cpu_model=runtime.cpu_model(), cpu_vector_level=runtime.cpu_vector_level(),
-                physical_cores=runtime.physical_cores(),
-                blas=[list(b) for b in blas], msrm=__version__, numpy=np.__version__)
-
-
-def cache_path() -> Path:
-    """This machine's coefficient file in :func:`cache_dir`."""
-    digest = hashlib.sha256(json.dumps(machine_key(), sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / f"state_space_block-{digest}.json"
-
-
-def _best(fn, repeats: int, inner: int = 1) -> float:
-    """The fastest of ``repeats`` timings of ``inner`` calls of fn, per call (the minimum: least disturbed by
-    other work on the machine)."""
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        best = min(best, time.perf_counter() - t0)
-    return best / inner
-
-
-def measure(repeats: int = 5) -> Coefficients:
-    """Measure this machine's :class:`Coefficients` (one BLAS thread, as the host filter runs; well under a second)."""
-    from .blas import gemm_acc, one_blas_thread
-
-    rng = np.random.default_rng(0)
-    S = _SIZE
-    P = np.asfortranarray(rng.standard_normal((S, S)))
-    Z = rng.standard_normal((S, S))
-    buf = np.empty((S, S))
-    x, y = rng.standard_normal((4, 4)), rng.standard_normal((4, 4))
-    with one_blas_thread():
-        call = _best(lambda: (x @ y).reshape(16), repeats, inner=200)
-
-        def passes():
-            np.copyto(buf, Z)
-            np.add(buf, Z.T, out=buf)
-
-        pass_s = _best(passes, repeats, inner=4) / (3 * S * S)  # three element passes (a copy, a transposed add)
-        gemm = []
-        for r in RANKS:
-            a, b = np.asfortranarray(rng.standard_normal((S, r))), np.asfortranarray(rng.standard_normal((r, S)))
-            gemm.append(_best(lambda: gemm_acc(-1e-3, a, b, P), repeats, inner=2) / (S * S))
-    return Coefficients(call_s=call, pass_s=pass_s, gemm_s=tuple(gemm), ranks=RANKS, source="measured")
-
-
-def _read(path: Path) -> Coefficients | None:
-    try:
-        obj = json.loads(path.read_text())
-        if obj.get("key") != json.loads(json.dumps(machine_key())):
-            return None
-        c = obj["coefficients"]
-        return Coefficients(call_s=float(c["call_s"]), pass_s=float(c["pass_s"]), gemm_s=tuple(map(float, c["gemm_s"])),
-                            ranks=tuple(int(r) for r in c["ranks"]), source="cached")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-_MEMO: dict = {}
-
-
-def _machine_busy() -> bool:
-    """True when the 1-minute load average exceeds the physical cores: other work then competes with the
-    single-threaded measurement, and its costs would describe the load rather than the machine."""
-    from ... import runtime
-
-    try:
-        return os.getloadavg()[0] > runtime.physical_cores()
-    except OSError:  # pragma: no cover - no load average on this platform
-        return False
+DEFAULT_COEFFICIENTS = COEFFICIENTS
 
 
 def machine_coefficients() -> Coefficients:
-    """This machine's coefficients: the override, else the cache file, else measured now and cached, else (with
-    ``MSRM_TUNING=off``) :data:`DEFAULT_COEFFICIENTS`. Read or measured once per process and cache folder.
+    """The coefficients of the cost model: :data:`COEFFICIENTS`, the same on every machine (the host filter's
+    pipeline rule, :func:`msrm.gp.state_space.host.pipeline_pays`, reads them here)."""
+    return COEFFICIENTS
 
-    A measurement taken while the machine is busy (:func:`_machine_busy`) is used in this process only
-    (``source="measured_busy"``) and not written, so a later process on a quieter machine measures again."""
-    if _OVERRIDE[0] is not None:
-        return _OVERRIDE[0]
-    mode = os.environ.get("MSRM_TUNING", "measure").strip().lower()
-    if mode not in ("measure", "off"):
-        raise ValueError(f"MSRM_TUNING must be 'measure' or 'off', got {mode!r}")
-    if mode == "off":
-        return DEFAULT_COEFFICIENTS
-    path = cache_path()
-    memo = _MEMO.get(str(path))
-    if memo is not None:
-        return memo
-    coeffs = _read(path)
-    if coeffs is None and _machine_busy():
-        coeffs = dataclasses.replace(measure(), source="measured_busy")
-    elif coeffs is None:
-        coeffs = measure()
-        try:
-            from ... import atomic
 
-            atomic.write_json(path, dict(key=machine_key(), coefficients=coeffs.as_dict(),
-                                         measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
-        except OSError:  # an unwritable cache: use the measurement in this process only
-            pass
-    _MEMO[str(path)] = coeffs
-    return coeffs
+def product_threads(n_states: int, rank: float, cores: int) -> int:
+    """BLAS threads the rule counts for the S x S x R products: ``cores`` when ``2 S^2 R`` reaches
+    :data:`msrm.runtime.DENSE_THREAD_MIN_FLOPS` (the size from which the host filter threads them), else 1."""
+    from ... import runtime
+
+    return max(1, int(cores)) if 2.0 * float(n_states) ** 2 * float(rank) >= runtime.DENSE_THREAD_MIN_FLOPS else 1
 
 
 def predicted_seconds(n_sub: int, n_occupied: int, n_states: int, rank: float, K: int, recompute: bool,
-                      coefficients: Coefficients) -> float:
+                      coefficients: Coefficients = COEFFICIENTS, cores: int = 1) -> float:
     """The model's seconds for one value+gradient of ``n_sub`` sub-steps (``n_occupied`` absorbing nodes, at mean
     update rank ``rank``) of an ``n_states``-dimensional state; ``recompute``: the reverse pass recomputes the
-    checkpointed chunks (one more forward product per sub-step)."""
+    checkpointed chunks (one more forward product per sub-step); ``cores``: physical cores (the dense products
+    are shared among them when large enough, :func:`product_threads`)."""
     c = coefficients
     S2 = float(n_states) ** 2
     fixed = n_sub * (OPS_PER_SUB_STEP * c.call_s + PASSES_PER_SUB_STEP * S2 * c.pass_s)
     products = PRODUCTS_PER_SUB_STEP + (1.0 if recompute else 0.0)
     narrow = NARROW_PRODUCTS_PER_SUB_STEP + (1.0 if recompute else 0.0)
-    dense = n_occupied * S2 * (products * c.gemm(rank) + narrow * c.gemm(max(rank / max(K, 1), 1.0)))
+    threads = product_threads(n_states, rank, cores)
+    dense = n_occupied * S2 * (products * c.gemm(rank) + narrow * c.gemm(max(rank / max(K, 1), 1.0))) / threads
     # the rank-sized work: R x R x S products (G⁻¹Λ Uᵀ, and P̄ U against W in the reverse pass) and R x R x R
     # ones (G, its LU and inverse, the small part's reverse), at the flop rate of a rank-R product
     R = float(rank)
@@ -282,7 +165,7 @@ def predicted_seconds(n_sub: int, n_occupied: int, n_states: int, rank: float, K
 
 @dataclass(frozen=True)
 class BlockChoice:
-    """The chosen block length, where its coefficients came from, and the model's seconds for every candidate."""
+    """The chosen block length, the label of its coefficients, and the model's seconds for every candidate."""
 
     block: int
     source: str
@@ -290,16 +173,29 @@ class BlockChoice:
     candidates: dict
 
 
-def choose_block(shape_of, n_grid: int, K: int, coefficients: Coefficients | None = None) -> BlockChoice:
+def choose_block(shape_of, n_grid: int, K: int, coefficients: Coefficients | None = None,
+                 cores: int | None = None) -> BlockChoice:
     """The block length C in ``1 .. min(MAX_BLOCK, n_grid)`` the cost model predicts fastest.
 
-    ``shape_of(C)`` returns ``(n_sub, n_occupied, n_states, n_nodes, recompute)`` of the run's schedule at block
-    length C (:func:`msrm.gp.state_space.prepare.schedule_shape`); the smallest C wins a tie."""
-    coefficients = machine_coefficients() if coefficients is None else coefficients
+    Args:
+        shape_of: ``C -> (n_sub, n_occupied, n_states, n_nodes, recompute)`` of the run's schedule at block
+            length C (:func:`msrm.gp.state_space.prepare.schedule_shape`).
+        n_grid: J. K: factors.
+        coefficients: the model's costs (default :data:`COEFFICIENTS`).
+        cores: physical cores (default :func:`msrm.runtime.physical_cores`).
+    Returns:
+        the :class:`BlockChoice`; the smallest C wins a tie.
+    """
+    from ... import runtime
+
+    coefficients = COEFFICIENTS if coefficients is None else coefficients
+    cores = runtime.physical_cores() if cores is None else int(cores)
+    if cores < 1:
+        raise ValueError(f"cores must be a positive integer, got {cores!r}")
     cands = {}
     for C in range(1, max(1, min(MAX_BLOCK, int(n_grid))) + 1):
         n_sub, n_occ, S, n_nodes, recompute = shape_of(C)
         rank = K * n_nodes / max(n_occ, 1)
-        cands[C] = predicted_seconds(n_sub, n_occ, S, rank, K, recompute, coefficients)
+        cands[C] = predicted_seconds(n_sub, n_occ, S, rank, K, recompute, coefficients, cores)
     best = min(cands, key=lambda c: (cands[c], c))
     return BlockChoice(block=int(best), source=coefficients.source, predicted_s=cands[best], candidates=cands)
