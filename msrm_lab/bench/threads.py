@@ -33,6 +33,7 @@ load average at each call).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import warnings
@@ -336,8 +337,10 @@ GP_PATHS = ("grouped", "state_space")
 
 GP_PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {"data_profile": "tiny", "n_features": 4, "repeats": 2, "busy": (0,), "settle_s": 0.5},
-    "quick": {"data_profile": "one-eighth", "n_features": 360, "repeats": 3, "busy": (0, 2), "settle_s": 3.0},
-    "note": {"data_profile": "one-eighth", "n_features": 3600, "repeats": 5, "busy": (0, 1, 2), "settle_s": 10.0},
+    "quick": {"data_profile": "one-eighth", "n_features": 360, "repeats": 3, "busy": (0, 2), "settle_s": 3.0,
+              "quiet_wait_s": 60.0},
+    "note": {"data_profile": "one-eighth", "n_features": 3600, "repeats": 5, "busy": (0, 1, 2), "settle_s": 10.0,
+             "quiet_wait_s": 240.0},
 }
 GP_PROFILES["full"] = GP_PROFILES["note"]
 
@@ -409,6 +412,20 @@ def _start_busy(settle_s: float):
     return proc
 
 
+def _wait_for_quiet(limit: float, timeout_s: float) -> float:
+    """Wait until the 1-minute load average is at most ``limit`` (or ``timeout_s`` has passed); return it.
+
+    The automatic rule reads the load average, which trails the machine's real load by about a minute, so an
+    "idle" condition timed right after busy work would measure the rule reacting to work that has ended. Waiting
+    for the average to fall makes the idle condition what its name says; the load at its start is in every row."""
+    start = time.monotonic()
+    load = os.getloadavg()[0]
+    while load > limit and time.monotonic() - start < timeout_s:
+        time.sleep(5.0)
+        load = os.getloadavg()[0]
+    return load
+
+
 def gp_threads_rows(profile: str = "quick", *, info: dict | None = None, repeats: int | None = None,
                     paths: tuple[str, ...] = GP_PATHS,
                     settings: tuple[tuple[str, int | None], ...] | None = None,
@@ -416,7 +433,8 @@ def gp_threads_rows(profile: str = "quick", *, info: dict | None = None, repeats
     """:func:`gp_threads_condition` idle and beside each number of competing busy processes in ``busy`` (default:
     the profile's, e.g. 0, 1 and 2), each a NumPy matrix-product loop at its BLAS library's default thread count.
     Settings (default): ``"automatic"``, ``"default"`` (OpenBLAS's own count, as without msrm's rule), one and
-    two threads. Every row carries ``busy_processes``."""
+    two threads. Every row carries ``busy_processes``. Before the idle condition the 1-minute load average is
+    allowed to fall to the profile's ``quiet_load`` (at most ``quiet_wait_s``, :func:`_wait_for_quiet`)."""
     from msrm_lab.processes import kill_group
 
     if profile not in GP_PROFILES:
@@ -427,6 +445,8 @@ def gp_threads_rows(profile: str = "quick", *, info: dict | None = None, repeats
     rows: list[dict] = []
     for n_busy in busy:
         procs = []
+        if n_busy == 0:
+            _wait_for_quiet(cfg.get("quiet_load", 1.5), cfg.get("quiet_wait_s", 0.0))
         try:
             for _ in range(n_busy):
                 procs.append(_start_busy(cfg.get("settle_s", 2.0)))
