@@ -10,6 +10,7 @@ sd and sd within 1e-6 relative.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -129,3 +130,25 @@ def test_a_healthy_evaluation_says_nothing(recwarn):
     data, spec, params = corner_case(1.0, 0.0, 0.5, 4.0)
     msrm.GPMSRM(data, spec, "grouped").log_likelihood(params)
     assert not [w for w in recwarn if issubclass(w.category, NumericalAccuracyWarning)]
+
+
+@pytest.mark.parametrize("backend", ["dense", "grouped"])
+def test_latent_sd_pinned_far_below_its_prior_warns_and_a_well_scaled_one_does_not(backend):
+    """A loading 1e5 times the noise sd pins the latent to a posterior sd of about 1e-5 of its prior's, where the
+    variance (the prior's less the data's reduction) keeps about 1e-6 relative accuracy in the sd: the call says so.
+    The warning's bound is checked against the 50-digit sd, and a well-scaled case stays silent."""
+    from msrm.gp.accuracy import LATENT_SD_RTOL, NumericalAccuracyWarning, latent_sd_rounding
+
+    data, spec, params = corner_case(5e4, 0.0, 0.5, 4.0, kernel="matern12", n=40)
+    model = msrm.GPMSRM(data, spec, linear_algebra=backend)
+    with pytest.warns(NumericalAccuracyWarning, match="posterior sd"):
+        post, = model.latent_posterior(params)
+    _, _, ref_sd = mp_latent_posterior(data, spec, params)[0]
+    err = np.abs(post.sd - ref_sd) / ref_sd
+    assert np.all(err <= latent_sd_rounding(ref_sd))  # the bound the warning states holds
+    assert np.max(latent_sd_rounding(post.sd)) > LATENT_SD_RTOL
+    data, spec, params = corner_case(1.0, 0.0, 0.5, 4.0, n=40)
+    model = msrm.GPMSRM(data, spec, linear_algebra=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NumericalAccuracyWarning)
+        model.latent_posterior(params)

@@ -108,6 +108,7 @@ class GroupedBackend(Backend):
         results = conditional.evaluate(tables, prepared, theta)
         for r, (run, res) in enumerate(zip(tables.runs(prepared), results)):
             _warn_event(res["event"], r, "latent posterior")
+            _warn_sd_rounding(res["sd"], r)
             out.append(LatentPosterior(grid=run.layout.grid, mean=res["mean"], sd=res["sd"],
                                        cov=res["cov"] if cov else None))
         return out
@@ -122,6 +123,23 @@ class GroupedBackend(Backend):
             out.append({key: Prediction(mean=m, sd=sd, signal_sd=ssd, times=query.times[key])
                         for key, (m, sd, ssd) in sorted(res["streams"].items())})
         return out
+
+
+def _warn_sd_rounding(sd, run: int) -> None:
+    """Warn when some latent posterior sd of run ``run`` may be off by more than the contract's relative
+    tolerance: the grid's prior variance is one, and the posterior variance is one less the data's reduction
+    (:func:`msrm.gp.accuracy.latent_sd_rounding`)."""
+    from .accuracy import LATENT_SD_RTOL, NumericalAccuracyWarning, latent_sd_rounding
+
+    bound = latent_sd_rounding(sd)
+    worst = float(np.max(bound)) if np.size(bound) else 0.0
+    if worst > LATENT_SD_RTOL:
+        n = int(np.sum(bound > LATENT_SD_RTOL))
+        warnings.warn(f"latent posterior, run {run}: at {n} grid value(s) the data pin the latent to a posterior sd "
+                      f"as small as {float(np.min(sd)):.1e} of its prior sd, and the variance, formed as the prior's "
+                      f"less the data's reduction, keeps only about {worst:.0e} relative accuracy in the sd there "
+                      f"(the mean is not affected); this comes from loadings far above the noise sd at those "
+                      f"points and float64 cannot resolve it", NumericalAccuracyWarning, stacklevel=4)
 
 
 def _warn_event(event, run: int, what: str) -> None:
