@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from .idata import build_inference_data, group_names, physical_draws
-from .posterior import Posterior, _as_vector, _observed, _summary, _timed
+from .posterior import Posterior, as_vector, observed_group, diagnostics_summary, timed_phase
 
 __all__ = ["approximate_posterior", "laplace_hessian", "LaplacePosterior", "NotPositiveDefiniteError", "METHODS",
            "HESSIAN_METHODS"]
@@ -248,7 +248,7 @@ def _mode(model, init, seed: int, progress: bool, map_options: dict | None):
                              f"got {init!r}")
         if hasattr(init, "u") and not hasattr(init, "flatten"):
             map_result = init
-        u = _as_vector(model, init)
+        u = as_vector(model, init)
     if not np.isfinite(u).all():
         raise ValueError("init: the mode has non-finite entries")
     value, grad = model.value_and_grad(u)
@@ -337,9 +337,9 @@ def approximate_posterior(
         raise ValueError(f"hessian must be one of {HESSIAN_METHODS}, got {hessian!r}")
     timings: dict[str, float] = {}
     t_total = time.perf_counter()
-    with _timed(timings, "mode"):
+    with timed_phase(timings, "mode"):
         u_mode, map_result, lp_mode, grad_norm = _mode(model, init, int(seed), bool(progress), map_options)
-    with _timed(timings, "hessian"):
+    with timed_phase(timings, "hessian"):
         H, used, asym, fallback = laplace_hessian(model, u_mode, hessian, step)
         if asym > symmetry_tol:
             warnings.warn(f"Laplace Hessian ({used}) has relative asymmetry {asym:.2e} > symmetry_tol={symmetry_tol:g}:"
@@ -347,13 +347,13 @@ def approximate_posterior(
                           stacklevel=2)
         H = 0.5 * (H + H.T)
         L, lam_min, lam_max = _check_positive_definite(model, H, eigen_tol)
-    with _timed(timings, "draws"):
+    with timed_phase(timings, "draws"):
         draws_u, log_q = _draws(u_mode, L, int(num_samples), int(seed))
     stats = {"log_q": log_q}
     if log_density_draws:
-        with _timed(timings, "log_density_draws"):
+        with timed_phase(timings, "log_density_draws"):
             stats["lp"] = _log_density_draws(model, draws_u)
-    with _timed(timings, "draw_conversion"):
+    with timed_phase(timings, "draw_conversion"):
         physical = physical_draws(model, draws_u)
     info = model.execution_info() if hasattr(model, "execution_info") else None
     if info is None:
@@ -368,11 +368,11 @@ def approximate_posterior(
         "grad_norm_mode": grad_norm,
         "importance_ess": _importance_ess(stats["lp"], log_q) if "lp" in stats else None,
     }
-    with _timed(timings, "draw_conversion"):
-        idata = build_inference_data(model, draws_u, stats, observed=_observed(model),
+    with timed_phase(timings, "draw_conversion"):
+        idata = build_inference_data(model, draws_u, stats, observed=observed_group(model),
                                      attrs={"execution_info": info, "sampler": sampler}, physical=physical)
-    with _timed(timings, "diagnostics"):
-        summary = _summary(idata) if diagnostics else None
+    with timed_phase(timings, "diagnostics"):
+        summary = diagnostics_summary(idata) if diagnostics else None
     timings["total"] = time.perf_counter() - t_total
     for group in group_names(idata):
         idata[group].attrs["timings"] = json.dumps(timings)

@@ -69,7 +69,7 @@ class GPMSRM:
 
     Args:
         data: the Dataset.
-        spec: the ModelSpec. ``kernel="auto"`` chooses the kernel first (:func:`msrm.select.resolve_auto_kernel`:
+        spec: the ModelSpec. ``kernel="auto"`` chooses the kernel first (:func:`msrm.gp.kernel_choice.resolve_auto_kernel`:
             every kernel's marginal likelihood from one shared R-MSRM start); ``model.spec`` then holds the chosen
             kernel and ``model.selection`` the :class:`msrm.select.Selection` (None otherwise).
         linear_algebra: a backend name: ``"grouped"`` (node-space Woodbury, default), ``"dense"`` (ungrouped
@@ -104,10 +104,10 @@ class GPMSRM:
         self._check_arguments(data, spec, method)
         self.selection = None  # kernel="auto": the msrm.Selection that chose the kernel
         if spec.kernel == "auto":
-            from ..select import resolve_auto_kernel
+            from .kernel_choice import resolve_auto_kernel
 
-            spec, self.selection = resolve_auto_kernel(data, spec, linear_algebra=linear_algebra, method=method,
-                                                       priors=priors, devices=devices, **options)
+            spec, self.selection = resolve_auto_kernel(data, spec, type(self), linear_algebra=linear_algebra,
+                                                       method=method, priors=priors, devices=devices, **options)
         from .backends import get_backend, make_options
 
         self.backend = get_backend(linear_algebra)

@@ -33,7 +33,8 @@ from ..runtime import execution_info
 from .idata import build_inference_data, group_names, observed_summary, physical_draws, save_netcdf
 from .map import fit_map
 
-__all__ = ["sample", "Posterior", "save_checkpoint", "load_checkpoint", "device_identity", "DeviceMismatchError"]
+__all__ = ["sample", "Posterior", "save_checkpoint", "load_checkpoint", "device_identity", "DeviceMismatchError",
+           "as_vector", "timed_phase", "observed_group", "diagnostics_summary"]
 
 CHAIN_METHODS = ("sequential", "vectorized", "parallel")
 # NumPyro extra fields collected in the sampling phase (the sample stats of the InferenceData)
@@ -339,7 +340,7 @@ def load_checkpoint(path: str | Path, template) -> tuple[Any, dict]:
 # ------------------------------------------------------------------------------------------ starts
 
 
-def _as_vector(model, value) -> np.ndarray:
+def as_vector(model, value) -> np.ndarray:
     """The (num_params,) unconstrained vector of a MAPResult, a vector, or Params (``model.unconstrain``)."""
     if hasattr(value, "u") and not hasattr(value, "flatten"):  # a MAPResult
         value = value.u
@@ -366,7 +367,7 @@ def _starts(model, init, num_chains: int, seed: int, init_jitter: float, progres
         else:
             raise ValueError(f"init must be 'map', 'prior', Params, a MAPResult or a vector; got {init!r}")
     else:
-        base = _as_vector(model, init)
+        base = as_vector(model, init)
     starts = [base] + [base + init_jitter * rng.standard_normal(base.shape) for _ in range(num_chains - 1)]
     return np.stack(starts), map_result
 
@@ -427,7 +428,7 @@ def sample(
                                  target_accept_prob, seed)
     resume = _resumable(checkpoint, settings, allow_device_change)  # refuses before any numerics
 
-    with _timed(timings, "initialisation"):
+    with timed_phase(timings, "initialisation"):
         import arviz  # noqa: F401  (imported here so its one-time import cost is not booked as draw conversion)
 
         if resume:
@@ -454,10 +455,10 @@ def sample(
     timings["sampling"] = wall - sampling_compile
     timings["compilation"] = warmup_compile + sampling_compile
 
-    with _timed(timings, "draw_conversion"):
+    with timed_phase(timings, "draw_conversion"):
         draws_u, stats = _draws_and_stats(samples, mcmc)
         physical = physical_draws(model, draws_u)
-    with _timed(timings, "pointwise_loglik"):
+    with timed_phase(timings, "pointwise_loglik"):
         loglik = _pointwise_loglik(model, draws_u) if pointwise_loglik else None
 
     num_leapfrog = int(stats["n_steps"].sum())
@@ -465,16 +466,16 @@ def sample(
     warm_steps = None if warm_n_steps is None else int(warm_n_steps.sum())
     per_leapfrog = _seconds_per_leapfrog(stats["n_steps"], timings["sampling"], chain_method, num_chains)
     info = model.execution_info() if hasattr(model, "execution_info") else execution_info(include_jax=True)
-    observed = _observed(model)
+    observed = observed_group(model)
     sampler = {**settings, "num_samples": int(num_samples), "chain_method_used": str(mcmc.chain_method),
                "num_leapfrog": num_leapfrog, "num_leapfrog_warmup": warm_steps, "resumed": bool(resume),
                "seconds_per_leapfrog": per_leapfrog}
 
-    with _timed(timings, "draw_conversion"):
+    with timed_phase(timings, "draw_conversion"):
         idata = build_inference_data(model, draws_u, stats, log_likelihood=loglik, observed=observed,
                                      attrs={"execution_info": info, "sampler": sampler}, physical=physical)
-    with _timed(timings, "diagnostics"):
-        summary = _summary(idata) if diagnostics else None
+    with timed_phase(timings, "diagnostics"):
+        summary = diagnostics_summary(idata) if diagnostics else None
     timings["total"] = time.perf_counter() - t_total
     for group in group_names(idata):
         idata[group].attrs["timings"] = json.dumps(timings)
@@ -492,7 +493,7 @@ def sample(
 
 
 @contextlib.contextmanager
-def _timed(timings: dict, phase: str) -> Iterator[None]:
+def timed_phase(timings: dict, phase: str) -> Iterator[None]:
     """Add the wall seconds of the block to ``timings[phase]`` (starting from 0)."""
     t0 = time.perf_counter()
     try:
@@ -684,7 +685,7 @@ def _seconds_per_leapfrog(n_steps: np.ndarray, sampling_seconds: float, chain_me
     return sampling_seconds / num_leapfrog if num_leapfrog else None
 
 
-def _observed(model):
+def observed_group(model):
     """The ``observed_data`` summary: ``model.observed_summary()``, else :func:`idata.observed_summary` of
     ``model.data`` when that is a Dataset, else None."""
     if hasattr(model, "observed_summary"):
@@ -694,7 +695,7 @@ def _observed(model):
     return None
 
 
-def _summary(idata):
+def diagnostics_summary(idata):
     """The diagnostics table of :func:`msrm.diagnostics.summarize`."""
     from ..diagnostics import summarize
 
