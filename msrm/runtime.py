@@ -153,8 +153,8 @@ def configure(platform: str | None = None, blas_threads: int | None = None, prea
             and msrm's own choices use it as given: R-MSRM's steps (:func:`step_blas_threads`), the LAPACK
             callback (:func:`callback_thread_count`) and the state-space host filter when its largest product
             reaches :data:`DENSE_THREAD_MIN_FLOPS` (:func:`filter_thread_count`). ``None`` leaves the libraries'
-            defaults, and msrm chooses a count per call from the size of the work and the cores the load average
-            leaves idle (:func:`dense_blas_threads`). A value above the physical cores warns.
+            defaults, and msrm chooses a count per call from the size of the work and the cores other processes
+            leave idle at that moment (:func:`dense_blas_threads`, :func:`idle_cores`). A value above the physical cores warns.
         preallocate: GPU memory preallocation (``XLA_PYTHON_CLIENT_PREALLOCATE``); off by default so peak
             memory can be measured and shared cards are not grabbed whole.
         host_memory: ``"reuse"`` (default) keeps large host buffers in the heap between calls, ``"system"``
@@ -318,24 +318,63 @@ STEP_KINDS = ("banded", "dense")
 DENSE_THREAD_MIN_FLOPS = 1.0e8
 
 
+def _running_elsewhere(proc: str = "/proc") -> int | None:
+    """Threads running or runnable right now in other processes: the kernel's count of runnable threads (the
+    fourth field of ``/proc/loadavg``, ``running/total``, which includes the thread reading it) less this
+    process's own threads in state ``R`` (``/proc/self/task/*/stat``). None where ``/proc`` cannot be read;
+    ``proc`` is the directory to read (a copy of its layout in tests).
+
+    Subtracting the process's own threads matters: OpenBLAS workers keep spinning for a moment after a
+    multi-threaded call, and JAX runs threads of its own; counted as other work they would make the rule lower
+    the count after every call that used more than one thread."""
+    try:
+        with open(os.path.join(proc, "loadavg")) as f:
+            running = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if running <= 1:  # the reading thread alone
+        return 0
+    own = 0
+    try:
+        tasks = os.listdir(os.path.join(proc, "self", "task"))
+    except OSError:  # pragma: no cover - /proc/loadavg readable but not /proc/self
+        return None
+    for tid in tasks:
+        try:
+            with open(os.path.join(proc, "self", "task", tid, "stat")) as f:
+                stat = f.read()
+        except OSError:  # the thread ended while the list was read
+            continue
+        # the state letter follows the command name, which is in parentheses and may itself contain spaces
+        if stat[stat.rindex(")") + 2] == "R":
+            own += 1
+    return max(0, running - max(own, 1))
+
+
 def idle_cores() -> int:
-    r"""Cores not busy with other work: the usable cores (:func:`physical_cores`, within this process's affinity)
-    less the 1-minute load average beyond this process's own running thread, at least 1:
+    r"""Cores not busy with other work now: the usable cores (:func:`physical_cores`, within this process's
+    affinity) less the threads other processes are running, at least 1:
 
     .. math::
 
-        \mathrm{idle} = \max\bigl(1,\ \min\bigl(C,\ \lfloor C - \max(0,\ L_1 - 1) \rfloor\bigr)\bigr),
+        \mathrm{idle} = \max\bigl(1,\ \min(C,\ C - R_\mathrm{other})\bigr),
 
-    with ``C`` the usable cores and ``L_1`` the 1-minute load average (``os.getloadavg``, read once per call).
+    with ``C`` the usable cores and ``R_other`` the runnable threads of other processes at the moment of the
+    call (:func:`_running_elsewhere`, read from ``/proc`` on Linux, once per call).
 
-    The load average counts runnable threads over the whole machine, this process's included, and trails by
-    about a minute; it is the only load figure every Linux and macOS process can read cheaply."""
+    An instantaneous count, not the load average: the load average trails the machine by about a minute and
+    counts this process's own threads, so after a call on two threads it reads as if another process were busy
+    and the rule would halve the count it had just found useful. Where ``/proc`` is missing (macOS, Windows)
+    the 1-minute load average less this process's one running thread stands in for ``R_other``, rounded to the
+    nearest integer."""
     cores = physical_cores()
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # pragma: no cover - not available on every platform
-        return cores
-    return max(1, min(cores, int(cores - max(0.0, load - 1.0) + 1e-9)))
+    others = _running_elsewhere()
+    if others is None:
+        try:
+            others = int(round(max(0.0, os.getloadavg()[0] - 1.0)))
+        except OSError:  # pragma: no cover - not available on every platform
+            return cores
+    return max(1, min(cores, cores - others))
 
 
 def _check_flops(flops) -> float:
@@ -352,7 +391,7 @@ def dense_blas_threads(flops: float) -> int:
 
         n(f) = \begin{cases} 1 & f < F_0 \\ \mathrm{idle} & f \ge F_0 \end{cases}
 
-    with ``F_0`` = :data:`DENSE_THREAD_MIN_FLOPS` and ``idle`` = :func:`idle_cores`. The load average is read only
+    with ``F_0`` = :data:`DENSE_THREAD_MIN_FLOPS` and ``idle`` = :func:`idle_cores`. The machine's load is read only
     when ``f >= F_0``. Explicit counts (:func:`configure`, :func:`fixed_step_threads`, :func:`callback_threads`)
     are applied by the callers: :func:`step_blas_threads` (R-MSRM's steps), :func:`callback_thread_count` (the
     LAPACK callback) and :func:`filter_thread_count` (the state-space host filter)."""

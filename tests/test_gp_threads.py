@@ -1,13 +1,15 @@
 """BLAS threads of GP-MSRM's host work: the LAPACK callback (POTRF/POTRI) and the state-space host filter choose
-their count per call from the size of the work and the cores the load average leaves idle
+their count per call from the size of the work and the cores other processes leave idle
 (``msrm.runtime.dense_blas_threads``, the rule R-MSRM's dense steps use); explicit counts override it; the
 callback's results do not depend on the count. threadpoolctl reports the count inside the callback and the filter.
 """
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -33,8 +35,9 @@ def _blas_threads_now() -> int:
     return max(d["num_threads"] for d in threadpool_info() if d["user_api"] == "blas")
 
 
-def _set_load(monkeypatch, load: float) -> None:
-    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (load, load, load))
+def _set_load(monkeypatch, others: int) -> None:
+    """Pretend other processes are running ``others`` threads right now."""
+    monkeypatch.setattr(runtime, "_running_elsewhere", lambda proc="/proc": int(others))
 
 
 def _two_threads_possible() -> bool:
@@ -48,19 +51,19 @@ def spd(n, seed=0):
     return B @ B.T / n + np.eye(n)
 
 
-# ---------------------------------------------------------------- the rule, with the load average monkeypatched
+# ---------------------------------------------------------------- the rule, with the other processes' threads monkeypatched
 
-# (load average, idle cores of 4): this process alone (its own thread counts 1), one other busy thread, two,
-# and more busy threads than cores
-LOADS = [(0.0, 4), (1.0, 4), (2.0, 3), (3.0, 2), (3.5, 1), (9.0, 1)]
+# (threads other processes are running, idle cores of 4): this process alone, one other busy thread, two, three,
+# as many as the cores and more
+LOADS = [(0, 4), (1, 3), (2, 2), (3, 1), (4, 1), (9, 1)]
 
 
 @pytest.mark.parametrize("load, idle", LOADS)
 def test_callback_and_filter_counts_follow_the_load(monkeypatch, load, idle):
     monkeypatch.setattr(runtime, "physical_cores", lambda: 4)
     _set_load(monkeypatch, load)
-    # idle = max(1, min(C, floor(C - max(0, L - 1))))
-    assert idle == max(1, min(4, int(np.floor(4 - max(0.0, load - 1.0)))))
+    # idle = max(1, min(C, C - R_other))
+    assert idle == max(1, min(4, 4 - load))
     assert runtime.idle_cores() == idle
     assert runtime.dense_blas_threads(BIG) == idle
     assert runtime.callback_thread_count(BIG) == idle
@@ -71,6 +74,86 @@ def test_callback_and_filter_counts_follow_the_load(monkeypatch, load, idle):
     for fn in (runtime.dense_blas_threads, runtime.callback_thread_count, runtime.filter_thread_count):
         assert fn(SMALL) == 1
     assert runtime.step_blas_threads("dense", SMALL) == 1
+
+
+def _fake_proc(root, running: int, states: list[str]) -> str:
+    """A copy of the two /proc files the rule reads: /proc/loadavg and one stat file per thread of this process."""
+    root.mkdir()
+    (root / "loadavg").write_text(f"3.10 2.00 1.00 {running}/412 98765\n")
+    for i, state in enumerate(states):
+        task = root / "self" / "task" / str(1000 + i)
+        task.mkdir(parents=True)
+        # a command name with a parenthesis and a space, as threads may carry: the state follows the last ')'
+        task.joinpath("stat").write_text(f"{1000 + i} (py (worker) R) {state} 1 1000 1000 0 -1\n")
+    return str(root)
+
+
+def test_running_elsewhere_subtracts_this_process_threads(tmp_path):
+    # 5 runnable threads on the machine, 2 of them this process's (the reader and a spinning BLAS worker)
+    assert runtime._running_elsewhere(_fake_proc(tmp_path / "a", 5, ["R", "R", "S", "S"])) == 3
+    # the reading thread alone
+    assert runtime._running_elsewhere(_fake_proc(tmp_path / "b", 1, ["R", "S"])) == 0
+    # a thread that had not been seen as running yet still counts the reader once
+    assert runtime._running_elsewhere(_fake_proc(tmp_path / "c", 3, ["S", "S"])) == 2
+    assert runtime._running_elsewhere(str(tmp_path / "missing")) is None
+
+
+def test_without_proc_the_load_average_stands_in(monkeypatch):
+    monkeypatch.setattr(runtime, "physical_cores", lambda: 4)
+    monkeypatch.setattr(runtime, "_running_elsewhere", lambda proc="/proc": None)
+    # this process's own running thread is taken off the load average, the rest rounded to the nearest thread
+    for load, idle in [(0.0, 4), (1.0, 4), (1.4, 4), (1.6, 3), (3.0, 2), (9.0, 1)]:
+        monkeypatch.setattr(runtime.os, "getloadavg", lambda load=load: (load, load, load))
+        assert runtime.idle_cores() == idle
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="reads /proc (Linux)")
+def test_a_busy_process_is_seen_and_this_process_own_threads_are_not():
+    import threading
+
+    def median(xs):
+        return sorted(xs)[len(xs) // 2]
+
+    def readings():
+        out = []
+        for _ in range(15):
+            out.append(runtime._running_elsewhere())
+            time.sleep(0.01)
+        return out
+
+    base = readings()
+    # three threads of this process multiplying matrices on one BLAS thread each (NumPy releases the GIL there,
+    # so all three are runnable at once): work of this process, not of others
+    stop = threading.Event()
+    a = np.random.default_rng(0).normal(size=(300, 300))
+
+    def spin():
+        while not stop.is_set():
+            a @ a
+
+    with runtime.blas_limit(1):
+        mine = [threading.Thread(target=spin, daemon=True) for _ in range(3)]
+        for t in mine:
+            t.start()
+        try:
+            seen_mine = readings()
+        finally:
+            stop.set()
+            for t in mine:
+                t.join()
+    # a spinning child process: always runnable, so always counted
+    child = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)\nwhile True: pass"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert "ready" in child.stdout.readline()
+        seen_child = readings()
+    finally:
+        child.kill()
+        child.wait()
+    assert min(seen_child) >= 1, seen_child
+    # other work on the machine (a test runner beside this one) moves every reading alike; counted as other
+    # work, this process's three busy threads would add about 3 to the median
+    assert median(seen_mine) <= median(base) + 1, (base, seen_mine)
 
 
 def test_the_load_is_read_per_call(monkeypatch):
@@ -84,15 +167,16 @@ def test_the_load_is_read_per_call(monkeypatch):
 
 def test_small_work_does_not_read_the_load(monkeypatch):
     def fail():
-        raise AssertionError("the load average was read for work below the threshold")
+        raise AssertionError("the machine's load was read for work below the threshold")
 
+    monkeypatch.setattr(runtime, "_running_elsewhere", fail)
     monkeypatch.setattr(runtime.os, "getloadavg", fail)
     assert runtime.callback_thread_count(SMALL) == 1 and runtime.filter_thread_count(SMALL) == 1
 
 
 def test_explicit_counts_override_the_rule(monkeypatch):
     monkeypatch.setattr(runtime, "physical_cores", lambda: 4)
-    _set_load(monkeypatch, 9.0)  # the rule alone: 1
+    _set_load(monkeypatch, 9)  # the rule alone: 1
     # configure(blas_threads=3): the callback takes it as given; the filter when its products reach the threshold
     monkeypatch.setitem(runtime._STATE, "blas_threads", 3)
     assert runtime.callback_thread_count(BIG) == runtime.callback_thread_count(SMALL) == 3
@@ -155,7 +239,7 @@ def test_callback_sets_the_rule_count_at_each_call(monkeypatch):
     vg = jax.jit(jax.grad(lambda M: sum(quad_logdet(M, V, method="callback")[:2])))
     outer = _blas_threads_now()
     expected = []
-    for load in (0.0, 50.0, 0.0):  # one compiled function, the count chosen afresh at every call
+    for load in (0, 50, 0):  # one compiled function, the count chosen afresh at every call
         _set_load(monkeypatch, load)
         jax.block_until_ready(f(M, V))
         jax.block_until_ready(vg(M))
@@ -165,7 +249,7 @@ def test_callback_sets_the_rule_count_at_each_call(monkeypatch):
     assert _blas_threads_now() == outer  # restored after each call
     # an explicit count wins over the load
     seen.clear()
-    _set_load(monkeypatch, 50.0)
+    _set_load(monkeypatch, 50)
     with runtime.callback_threads(2):
         jax.block_until_ready(f(M, V))
     with runtime.fixed_step_threads(2):
@@ -177,7 +261,7 @@ def test_callback_sets_the_rule_count_at_each_call(monkeypatch):
 
 def test_callback_small_matrix_runs_one_thread(monkeypatch):
     seen = _spy_callback(monkeypatch)
-    _set_load(monkeypatch, 0.0)
+    _set_load(monkeypatch, 0)
     quad_logdet(jnp.asarray(spd(30)), jnp.ones(30), method="callback")[0].block_until_ready()
     assert seen == [1]  # 30^3 / 3 flops: far below the threshold
 
@@ -258,15 +342,15 @@ def test_host_filter_sets_the_rule_count_at_each_call(monkeypatch, ss_model):
         assert len(set(seen)) == 1
         return seen[0]
 
-    _set_load(monkeypatch, 0.0)
+    _set_load(monkeypatch, 0)
     assert observe() == 1  # the tiny model's products are far below the threshold
     monkeypatch.setattr(runtime, "DENSE_THREAD_MIN_FLOPS", 0.0)  # its products count as large work
     assert observe() == cores
-    _set_load(monkeypatch, 50.0)
+    _set_load(monkeypatch, 50)
     assert observe() == 1
-    _set_load(monkeypatch, 0.0)
+    _set_load(monkeypatch, 0)
     assert observe() == cores
-    _set_load(monkeypatch, 50.0)
+    _set_load(monkeypatch, 50)
     monkeypatch.setitem(runtime._STATE, "blas_threads", 2)  # configure(blas_threads=2) wins over the load
     assert observe() == 2
     assert _blas_threads_now() == outer  # restored after each call
@@ -289,14 +373,14 @@ def test_host_filter_small_products_stay_on_one_thread_unless_fixed(monkeypatch,
 
 def test_configure_blas_threads_overrides_the_load_in_a_fresh_process():
     # configure() itself (its process-wide threadpoolctl limit held by the main thread), a busy machine
-    # (load average 50) and work counted as large: the callback and the filter run on the configured count
+    # (50 threads running elsewhere) and work counted as large: the callback and the filter run on the configured count
     code = """
 import json, os, sys, threadpoolctl
 sys.path.insert(0, "tests")
 import msrm
 msrm.runtime.configure(platform="cpu", blas_threads=2)
 from msrm import runtime
-os.getloadavg = lambda: (50.0, 50.0, 50.0)
+runtime._running_elsewhere = lambda proc="/proc": 50
 runtime.DENSE_THREAD_MIN_FLOPS = 0.0
 import jax, jax.numpy as jnp, numpy as np
 import data_synth
@@ -359,3 +443,19 @@ def test_gp_threads_bench_rows_are_well_formed():
         bench_threads.gp_threads_rows("huge")
     with pytest.raises(ValueError, match="paths"):
         bench_threads.gp_threads_rows("smoke", paths=("dense",))
+
+
+def test_gp_threads_rows_from_another_interpreter(tmp_path):
+    # the notebook repeats the GP rows in the oldest supported environment; here the other interpreter is this
+    # one, run as a separate process through the module's command line
+    from msrm_lab.bench import threads as bench_threads
+
+    rows = bench_threads.gp_threads_rows("smoke", repeats=1, paths=("grouped",), busy=(0,), python=sys.executable)
+    med = [r for r in rows if r["metric"] == "median_s"]
+    assert {r["params"]["setting"] for r in med} == {"automatic", "one", "two", "default"}
+    assert all(r["params"]["path"] == "grouped" and r["params"]["busy_processes"] == 0 for r in rows)
+    assert all(r["execution_info"]["jax"] == jax.__version__ for r in rows)
+    with pytest.raises(RuntimeError, match="failed"):
+        bench_threads.gp_threads_rows("smoke", repeats=1, python=str(tmp_path / "no-such-python"))
+    with pytest.raises(ValueError, match="other interpreter"):
+        bench_threads.gp_threads_rows("smoke", settings=(("one", 1),), python=sys.executable)

@@ -35,10 +35,10 @@ def test_rule_banded_is_one_thread_dense_by_size_and_idle_cores(monkeypatch):
     assert runtime.step_blas_threads("dense", 0.0) == 1
     assert runtime.step_blas_threads("dense", runtime.DENSE_THREAD_MIN_FLOPS / 2) == 1
     big = 10 * runtime.DENSE_THREAD_MIN_FLOPS
-    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(runtime, "_running_elsewhere", lambda proc="/proc": 0)
     assert runtime.idle_cores() == runtime.physical_cores()
     assert runtime.step_blas_threads("dense", big) == runtime.physical_cores()
-    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (50.0, 50.0, 50.0))
+    monkeypatch.setattr(runtime, "_running_elsewhere", lambda proc="/proc": 50)
     assert runtime.idle_cores() == 1
     assert runtime.step_blas_threads("dense", big) == 1
 

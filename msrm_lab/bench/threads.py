@@ -176,10 +176,12 @@ def threads_rows(n: int, repeats: int = 3, *, settings=None, profile: str = "qui
 
 
 def run(profile: str = "quick", out_dir: str | Path | None = None, *, n: int | None = None,
-        repeats: int | None = None, contention: bool = True, gp: bool = True) -> list[dict]:
+        repeats: int | None = None, contention: bool = True, gp: bool = True,
+        gp_pythons: tuple[str, ...] = ()) -> list[dict]:
     """All rows of the ``threads`` notebook for one profile (written to ``out_dir/rows.jsonl`` if given): the
     callback comparison, then (``contention``) R-MSRM under contention (:func:`contention_rows`), then (``gp``)
-    GP-MSRM's value and gradient at the automatic and fixed BLAS counts (:func:`gp_threads_rows`)."""
+    GP-MSRM's value and gradient at the automatic and fixed BLAS counts (:func:`gp_threads_rows`), in this
+    interpreter and then in each of ``gp_pythons`` (other environments, e.g. :func:`oldest_python`'s)."""
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
     cfg = PROFILES[profile]
@@ -189,6 +191,8 @@ def run(profile: str = "quick", out_dir: str | Path | None = None, *, n: int | N
         rows += contention_rows(profile)
     if gp:
         rows += gp_threads_rows(profile)
+        for python in gp_pythons:
+            rows += gp_threads_rows(profile, python=python)
     if out_dir is not None:
         write_rows(Path(out_dir) / "rows.jsonl", rows, append=False)
     return rows
@@ -415,9 +419,9 @@ def _start_busy(settle_s: float):
 def _wait_for_quiet(limit: float, timeout_s: float) -> float:
     """Wait until the 1-minute load average is at most ``limit`` (or ``timeout_s`` has passed); return it.
 
-    The automatic rule reads the load average, which trails the machine's real load by about a minute, so an
-    "idle" condition timed right after busy work would measure the rule reacting to work that has ended. Waiting
-    for the average to fall makes the idle condition what its name says; the load at its start is in every row."""
+    The idle condition follows conditions with busy processes, and the load average trails the machine by about
+    a minute: waiting for it to fall means the idle rows' recorded load says what their name says, and that no
+    competitor from the previous condition is still winding down."""
     start = time.monotonic()
     load = os.getloadavg()[0]
     while load > limit and time.monotonic() - start < timeout_s:
@@ -426,16 +430,60 @@ def _wait_for_quiet(limit: float, timeout_s: float) -> float:
     return load
 
 
+def oldest_python() -> str | None:
+    """The interpreter of the oldest supported environment (``.venv-oldest``, which ``make test-oldest`` installs:
+    Python 3.11 with the lowest JAX, NumPyro and ArviZ that pyproject.toml admits), or None where it is not
+    installed. The threads notebook repeats the GP rows there, since the thread behaviour of JAX's CPU runtime
+    changes between versions."""
+    from msrm_lab.paths import repo_root
+
+    python = repo_root() / ".venv-oldest" / "bin" / "python"
+    return str(python) if python.exists() else None
+
+
+def _gp_rows_elsewhere(python: str, profile: str, repeats: int | None, paths: tuple[str, ...],
+                       busy: tuple[int, ...] | None) -> list[dict]:
+    """:func:`gp_threads_rows` run by another interpreter (``python -m msrm_lab.bench.threads``), its rows read
+    back from a temporary file; the rows carry that interpreter's ``execution_info``."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.jsonl"
+        cmd = [python, "-m", "msrm_lab.bench.threads", "--profile", profile, "--out", str(out)]
+        if repeats is not None:
+            cmd += ["--repeats", str(int(repeats))]
+        cmd += ["--paths", *paths]
+        if busy is not None:
+            cmd += ["--busy", *(str(int(b)) for b in busy)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as err:
+            raise RuntimeError(f"the GP threads rows under {python} failed: {err}") from err
+        if done.returncode != 0:
+            raise RuntimeError(f"the GP threads rows under {python} failed (exit {done.returncode}):\n"
+                               f"{done.stderr[-4000:]}")
+        return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
 def gp_threads_rows(profile: str = "quick", *, info: dict | None = None, repeats: int | None = None,
                     paths: tuple[str, ...] = GP_PATHS,
                     settings: tuple[tuple[str, int | None], ...] | None = None,
-                    busy: tuple[int, ...] | None = None) -> list[dict]:
+                    busy: tuple[int, ...] | None = None, python: str | None = None) -> list[dict]:
     """:func:`gp_threads_condition` idle and beside each number of competing busy processes in ``busy`` (default:
     the profile's, e.g. 0, 1 and 2), each a NumPy matrix-product loop at its BLAS library's default thread count.
     Settings (default): ``"automatic"``, ``"default"`` (OpenBLAS's own count, as without msrm's rule), one and
     two threads. Every row carries ``busy_processes``. Before the idle condition the 1-minute load average is
-    allowed to fall to the profile's ``quiet_load`` (at most ``quiet_wait_s``, :func:`_wait_for_quiet`)."""
+    allowed to fall to the profile's ``quiet_load`` (at most ``quiet_wait_s``, :func:`_wait_for_quiet`).
+    With ``python`` (another interpreter, e.g. :func:`oldest_python`), the whole experiment runs there with the
+    default settings instead (:func:`_gp_rows_elsewhere`)."""
     from msrm_lab.processes import kill_group
+
+    if python is not None:
+        if info is not None or settings is not None:
+            raise ValueError("gp_threads_rows: info and settings are chosen by the other interpreter")
+        return _gp_rows_elsewhere(python, profile, repeats, tuple(paths), busy)
 
     if profile not in GP_PROFILES:
         raise ValueError(f"profile must be one of {sorted(GP_PROFILES)}, got {profile!r}")
@@ -465,7 +513,7 @@ def gp_threads_condition(profile: str = "quick", *, info: dict | None = None, re
                          settings: tuple[tuple[str, int | None], ...] = GP_SETTINGS) -> list[dict]:
     """GP-MSRM's ``value_and_grad`` at K = 3 (grouped likelihood through the LAPACK callback, and the state-space
     likelihood through the host filter) at each BLAS setting of :data:`GP_SETTINGS`: ``"automatic"`` (the count
-    msrm chooses per call from the work's size and the cores the load average leaves idle), and fixed counts
+    msrm chooses per call from the work's size and the cores other processes leave idle), and fixed counts
     (:func:`msrm.runtime.fixed_step_threads`, which both paths take as given).
 
     Every (path, setting) is called once untimed (compilation), then all of them in turn for ``repeats`` rounds,
@@ -546,3 +594,27 @@ def gp_threads_condition(profile: str = "quick", *, info: dict | None = None, re
                                  path=path, definition="median two threads / median one thread, alternating calls",
                                  **sizes, **common))
     return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m msrm_lab.bench.threads``: the GP rows (:func:`gp_threads_rows`) of this interpreter, written to
+    ``--out``; :func:`_gp_rows_elsewhere` calls it in another environment."""
+    import argparse
+
+    import msrm
+
+    parser = argparse.ArgumentParser(prog="python -m msrm_lab.bench.threads")
+    parser.add_argument("--profile", choices=sorted(GP_PROFILES), default="quick")
+    parser.add_argument("--out", required=True, help="rows file (JSON lines), written atomically")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--paths", nargs="+", default=list(GP_PATHS), choices=GP_PATHS)
+    parser.add_argument("--busy", nargs="+", type=int, default=None)
+    args = parser.parse_args(argv)
+    msrm.runtime.configure(platform="cpu")
+    rows = gp_threads_rows(args.profile, repeats=args.repeats, paths=tuple(args.paths),
+                           busy=None if args.busy is None else tuple(args.busy))
+    write_rows(Path(args.out), rows, append=False)
+
+
+if __name__ == "__main__":
+    main()

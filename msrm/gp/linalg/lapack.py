@@ -17,8 +17,8 @@ a batch on the host.
 :math:`n \times n` matrix, by :func:`msrm.runtime.callback_thread_count`: an explicit count
 (:func:`msrm.runtime.fixed_step_threads`, :func:`msrm.runtime.callback_threads`, ``configure(blas_threads=)``)
 as given, else one thread for :math:`f < F_0` (:data:`msrm.runtime.DENSE_THREAD_MIN_FLOPS`) and the idle cores
-:math:`\max(1, \min(C, \lfloor C - \max(0, L_1 - 1)\rfloor))` otherwise (C usable cores, :math:`L_1` the 1-minute
-load average read at that moment). A count above the physical cores warns. POTRF, POTRS and POTRI give the same
+at that moment otherwise (:func:`msrm.runtime.idle_cores`: the usable cores less the threads other processes
+are running). A count above the physical cores warns. POTRF, POTRS and POTRI give the same
 result to rounding at every count.
 
 On the host, factors are kept as ``U = L^T`` in Fortran order so that ``L = U.T`` is a C-contiguous view handed

@@ -28,8 +28,8 @@ the covariance update of the S states at the largest update rank :math:`R_{\max}
 the bank move (:math:`n_b` bank states, blocks of C). With no explicit count
 (:func:`msrm.runtime.fixed_step_threads`) that is one thread for :math:`f < F_0`
 (:data:`msrm.runtime.DENSE_THREAD_MIN_FLOPS`), and otherwise a :func:`msrm.runtime.callback_threads` or
-``configure(blas_threads=)`` count, else the idle cores :math:`\max(1, \min(C_u, \lfloor C_u - \max(0, L_1 - 1)
-\rfloor))` (:math:`C_u` usable cores, :math:`L_1` the 1-minute load average when the call starts).
+``configure(blas_threads=)`` count, else the idle cores when the call starts, :func:`msrm.runtime.idle_cores`: the usable cores less
+the threads other processes are running.
 
 Checkpointing is the same: the forward pass returns the state at the start of every chunk, and the reverse pass
 recomputes one chunk at a time (keeping that chunk's states) before running the adjoint over it.
