@@ -10,9 +10,12 @@ responses, on each stream's own clock), fits every method of the profile and sco
   ``run_peer``; latents only (no responses, no predictive distribution);
 - ``rmsrm``: ``msrm.fit_rmsrm`` (restarts and iterations per profile, one process); latents ``rfit.latents``,
   responses ``rfit.params.response``;
-- ``gp_map``: ``msrm.GPMSRM(data, spec, linear_algebra="state_space")`` fitted by ``fit_map`` from the R-MSRM
-  fit of the same data and seed (its lags and widths moved just inside their bounds, where a start must lie), to
-  convergence: the profiles leave ``maxiter`` at the library's default (``fit_map``'s, 500 iterations; the fit of
+- ``gp_map``: the documented default path, ``msrm.GPMSRM(data, spec, linear_algebra="state_space")`` with
+  ``spec.kernel="auto"`` (the kernel chosen by its marginal likelihood at a shared R-MSRM start,
+  :func:`msrm.gp.kernel_choice.resolve_auto_kernel`; a profile's ``gp_kernel`` names a fixed kernel instead),
+  fitted by ``fit_map`` from that start with the chosen kernel's fitted lengthscales (with a fixed kernel: from
+  the R-MSRM fit of the same data and seed), its lags and widths moved just inside their bounds, where a start
+  must lie, to convergence: the profiles leave ``maxiter`` at the library's default (``fit_map``'s, 500 iterations; the fit of
   the small design, seed 0, takes about 200); latents the posterior mean of
   ``model.latent_posterior(map.params, cov=True)``;
 - ``nuts`` (designs listed in ``nuts_designs`` only): ``model.sample`` started from that MAP fit; latents the
@@ -66,10 +69,13 @@ per point); the same Procrustes (or affine) map A, fitted once to the pooled mea
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import numpy as np
+
+from msrm.spec import AUTO_KERNEL
 
 from ..recovery import metrics as rm
 from .rows import make_row
@@ -229,14 +235,18 @@ def fit_methods(data, spec, truth, methods, sz: dict, seed: int) -> dict[str, di
         else:
             try:
                 msrm.runtime.enable_x64()
-                model = msrm.GPMSRM(data, spec, linear_algebra="state_space")
-                mp = model.fit_map(init=map_start(rfit.params, spec), seed=seed, progress=False, **sz["map"])
+                gspec = dataclasses.replace(spec, kernel=sz.get("gp_kernel", AUTO_KERNEL))
+                model = msrm.GPMSRM(data, gspec, linear_algebra="state_space")
+                start = (rfit.params if model.selection is None
+                         else model.selection.params[(model.spec.kernel, spec.n_factors)])
+                mp = model.fit_map(init=map_start(start, model.spec), seed=seed, progress=False, **sz["map"])
                 wall = time.perf_counter() - t0
                 t1 = time.perf_counter()
                 post = model.latent_posterior(mp.params, cov=True)
                 means = [p.mean for p in post]
                 d = mp.diagnostics
                 out["gp_map"] = {"ok": True, "error": None, "wall_s": wall, "latents": means,
+                                 "kernel": model.spec.kernel,
                                  "response": dict(mp.params.response),
                                  "convergence": {"converged": bool(mp.converged), "iterations": int(d["iterations"]),
                                                  "iteration_limit": int(d["maxiter"]), "stop": str(d["message"])},
@@ -353,6 +363,8 @@ def _method_rows(name: str, res: dict, truth, masks, row) -> list[dict]:
             row("wall_s", res["wall_s"], "s", method=name)]
     if not res["ok"]:
         return rows
+    if res.get("kernel"):
+        rows.append(row("kernel_chosen", 1.0, "1", method=name, kernel=res["kernel"]))
     conv = res.get("convergence")
     refused = None
     if conv is not None:
