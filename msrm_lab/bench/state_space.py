@@ -20,7 +20,7 @@ from .rows import make_row
 
 __all__ = ["SIZES", "NOTEBOOK", "NOTE_STATES_PER_FACTOR", "TARGETS", "note_staging_bytes", "memory_rows",
            "speed_rows", "ladder_rows", "bank_rows", "block_rows", "parallel_rows", "target_rows",
-           "factorization_function", "grouped_parts", "all_rows"]
+           "factorization_function", "grouped_parts", "accuracy_cost_rows", "ACCURACY_BASE", "all_rows"]
 
 NOTEBOOK = "state_space"
 NOTE_STATES_PER_FACTOR = 50
@@ -46,8 +46,18 @@ SIZES: dict[str, dict[str, Any]] = {
                  # the log-depth scan does a dense S x S solve per element and level: on a CPU, where nothing
                  # runs the elements side by side, it is measured on a quarter of the length
                  parallel=dict(duration_scale=1.0, K=3), parallel_cpu=dict(duration_scale=0.25, K=3), repeats=3,
-                 time_budget_s=300.0),
+                 time_budget_s=300.0,
+                 # this code against ACCURACY_BASE on the cases of the speed targets, a fresh process per tree and
+                 # round (msrm_lab.bench.commit_cost)
+                 accuracy_cost=dict(rounds=2, repeats=3, pairs=[("one-eighth-K3", "grouped"),
+                                                                ("one-eighth-K3", "state_space"),
+                                                                ("x8-K5", "state_space")])),
 }
+
+# The commit the accuracy rows compare this code with: the last one before the densities were written without
+# cancellation (centred data, the whitened node form for dense/grouped, the whitened absorb and process noise for
+# the state space), the deterministic block rule and the load-following BLAS threads.
+ACCURACY_BASE = "bcd61a9"
 
 
 # The gradient targets: one-run x8 K = 5 state-space value+grad (seconds, at most), grouped value+grad over its
@@ -476,10 +486,30 @@ def target_rows(size: str, *, info=None) -> list[dict]:
     return rows
 
 
+def accuracy_cost_rows(size: str, *, info=None) -> list[dict]:
+    """What the numerically sound forms cost in time: value+grad of this code against :data:`ACCURACY_BASE` on
+    the cases of the speed targets (:func:`msrm_lab.bench.commit_cost.cost_rows`: each tree in fresh processes,
+    alternating round by round, on the same pickled data; ``head_over_base`` rows with each tree's median). A
+    profile without ``accuracy_cost`` gives one ``not_yet_measured`` row saying so (checking out and timing a
+    second tree takes minutes)."""
+    from msrm_lab.provenance import execution_info
+
+    from . import commit_cost
+
+    info = execution_info() if info is None else info
+    cfg = SIZES[size].get("accuracy_cost")
+    if cfg is None:
+        return [make_row(NOTEBOOK, "accuracy_cost", "head_over_base", None, "x", status="not_yet_measured",
+                         info=info, base_commit=ACCURACY_BASE,
+                         reason=f"the {size} profile does not time a second tree (the note profile does)")]
+    return commit_cost.cost_rows(ACCURACY_BASE, cfg["pairs"], rounds=cfg["rounds"], repeats=cfg["repeats"],
+                                 notebook=NOTEBOOK, info=info)
+
+
 def all_rows(size: str, *, info=None, progress=None) -> list[dict]:
     """Every state-space measurement of a profile, in the order the chapter shows them."""
     rows = []
-    for fn in (memory_rows, speed_rows, bank_rows, block_rows, parallel_rows, target_rows):
+    for fn in (memory_rows, speed_rows, bank_rows, block_rows, parallel_rows, target_rows, accuracy_cost_rows):
         rows += fn(size, info=info)
         if progress is not None:
             progress(fn.__name__)

@@ -1,28 +1,35 @@
-"""Compare two source trees of msrm on the same case: densities, gradients and value+grad time, side by side.
+"""What a change cost in time: densities, gradients and value+grad time of two source trees, side by side.
 
-    python tools/compare_commits.py compare --base ../old-checkout --head . [--rounds 3] [--repeats 5] [--out f.json]
+    python -m msrm_lab.bench.commit_cost compare --base ../old-checkout --head . [--rounds 3] [--repeats 5]
+    python -m msrm_lab.bench.commit_cost compare --base-commit bcd61a9 [--pairs x8-K5:state_space ...]
 
 Each case is built once, by ``data_synth.synthetic_dataset`` in the base tree, and pickled, so both trees
 evaluate the very same data and parameters (the generator's own rounding may differ between trees). Each (case,
 backend) is then measured in a fresh process per tree, the two trees alternating round by round (so a slow
 period of the machine hits both), with the tree first on ``PYTHONPATH``. A process loads the case and times
 ``model.value_and_grad(u)`` at the true parameters: one compiling call, then ``--repeats`` warm calls (the
-median is its figure). It uses only the public API, so any commit
-with ``GPMSRM``/``data_synth`` can be measured. The report gives, per case, the relative difference of the
-log density and of the gradient (max-norm) between the trees, each tree's median over rounds with the spread,
-and head/base.
+median is its figure). It uses only the public API, so any commit with ``GPMSRM``/``data_synth`` can be
+measured. The report gives, per case, the relative difference of the log density and of the gradient
+(max-norm) between the trees, each tree's median over rounds with the spread, and head/base.
+
+:func:`checkout` makes the base tree from a commit of this repository (a detached ``git worktree`` in a
+temporary folder, removed afterwards); :func:`cost_rows` turns a comparison into results rows.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+__all__ = ["CASES", "checkout", "compare", "cost_rows"]
 
 CASES = {
     # name: (profile, n_features, K, duration_scale)
@@ -75,6 +82,8 @@ def measure(case: str, backend: str, repeats: int, path: Path) -> dict:
 
 
 def _child(tree: Path, *args: str) -> str:
+    """Run this file as a script in a fresh process with ``tree`` first on ``PYTHONPATH`` (as a script, not as
+    ``-m msrm_lab...``, so that nothing of the tree's own ``msrm_lab`` is needed); its stdout."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(tree)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     res = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], cwd=tree, env=env,
@@ -132,6 +141,65 @@ def compare(base: Path, head: Path, rounds: int, repeats: int, pairs, workdir: P
     return report
 
 
+@contextlib.contextmanager
+def checkout(commit: str, repo: Path | None = None):
+    """Context: a detached ``git worktree`` of ``commit`` of the repository at ``repo`` (default: the one holding
+    this package) in a temporary folder; yields its path and removes it afterwards. Raises ``RuntimeError`` naming
+    the commit when git cannot make it (no git, a shallow clone without that commit)."""
+    repo = Path(__file__).resolve().parents[2] if repo is None else Path(repo)
+    tmp = Path(tempfile.mkdtemp(prefix="msrm-base-"))
+    tree = tmp / "tree"
+    try:
+        res = subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=repo,
+                             capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"cannot check out {commit}: {exc}") from exc
+    if res.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"cannot check out {commit}: {res.stderr.strip()[-500:]}")
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=repo, capture_output=True,
+                       timeout=300)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cost_rows(base_commit: str, pairs, *, rounds: int, repeats: int, notebook: str, info: dict,
+              head: Path | None = None) -> list[dict]:
+    """Results rows of :func:`compare` between ``base_commit`` (checked out by :func:`checkout`) and the tree at
+    ``head`` (default: this checkout), one per (case, backend) pair: metric ``head_over_base`` (the ratio of the
+    two trees' medians over rounds, unit ``x``) with each tree's median and per-round figures, the load averages
+    seen by the measuring processes, and the relative differences of the density and the gradient as params.
+    When the base cannot be checked out, or a pair is refused, the rows say so with the reason."""
+    from .rows import make_row
+
+    head = Path(__file__).resolve().parents[2] if head is None else Path(head)
+    common = dict(base_commit=base_commit, rounds=rounds, repeats=repeats)
+    try:
+        with checkout(base_commit, head) as base, tempfile.TemporaryDirectory() as work:
+            report = compare(base, head.resolve(), rounds, repeats, pairs, Path(work))
+    except RuntimeError as exc:
+        return [make_row(notebook, "accuracy_cost", "head_over_base", None, "x", status="error", info=info,
+                         case=c, backend=b, reason=str(exc)[:500], **common) for c, b in pairs]
+    rows = []
+    for key, r in report.items():
+        case, backend = key.split("/")
+        if "refused" in r:
+            rows.append(make_row(notebook, "accuracy_cost", "head_over_base", None, "x", status="refused",
+                                 info=info, case=case, backend=backend, reason=str(r["refused"])[:500], **common))
+            continue
+        rows.append(make_row(notebook, "accuracy_cost", "head_over_base", r["head_over_base"], "x", info=info,
+                             case=case, backend=backend, base_median_s=r["median_s"]["base"],
+                             head_median_s=r["median_s"]["head"], base_rounds_s=r["per_round_s"]["base"],
+                             head_rounds_s=r["per_round_s"]["head"],
+                             head_over_base_fastest=r["head_over_base_fastest"],
+                             value_rel_diff=r["value_rel_diff"], grad_rel_diff=r["grad_rel_diff"],
+                             load_min=min(r["loadavg"]), load_max=max(r["loadavg"]), **common))
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -144,7 +212,9 @@ def main(argv=None) -> int:
     m.add_argument("--repeats", type=int, default=5)
     m.add_argument("--data", type=Path, required=True)
     c = sub.add_parser("compare")
-    c.add_argument("--base", type=Path, required=True)
+    base = c.add_mutually_exclusive_group(required=True)
+    base.add_argument("--base", type=Path, help="the base source tree")
+    base.add_argument("--base-commit", help="a commit of this repository, checked out for the comparison")
     c.add_argument("--head", type=Path, default=Path("."))
     c.add_argument("--rounds", type=int, default=3)
     c.add_argument("--repeats", type=int, default=5)
@@ -159,8 +229,10 @@ def main(argv=None) -> int:
         print(json.dumps(measure(args.case, args.backend, args.repeats, args.data)))
         return 0
     pairs = [tuple(s.split(":")) for s in args.pairs]
-    with tempfile.TemporaryDirectory() as work:
-        report = compare(args.base.resolve(), args.head.resolve(), args.rounds, args.repeats, pairs, Path(work))
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        base = args.base if args.base is not None else stack.enter_context(checkout(args.base_commit))
+        report = compare(base.resolve(), args.head.resolve(), args.rounds, args.repeats, pairs, work)
     text = json.dumps(report, indent=1)
     if args.out:
         args.out.write_text(text)
@@ -170,4 +242,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # run as a file (the child processes of _child), this folder is first on sys.path: drop it, so that its
+    # module names (gp, linalg, measure, ...) cannot shadow anything the measured tree imports
+    if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+        sys.path.pop(0)
     sys.exit(main())
