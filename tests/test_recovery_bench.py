@@ -124,6 +124,16 @@ def test_smoke_profile_end_to_end(smoke_rows):
         assert math.isfinite(v) and v >= 0.0
     cov = _one(rows, metric="band_coverage_90", method="gp_map")["value"]
     assert 0.0 <= cov <= 1.0
+    frame = _one(rows, metric="band_coverage_90_frame", method="gp_map")
+    assert 0.0 <= frame["value"] <= 1.0 and frame["params"]["alignment"] == "loadings"
+    # the fusion check's brain-only R-MSRM fit is scored against the same truth on the same grid
+    brain = _one(rows, metric="subspace_error", method="rmsrm_brain")["value"]
+    assert math.isfinite(brain) and 0.0 <= brain < 0.5
+    assert _one(rows, metric="converged", method="rmsrm_brain")["value"] == 1.0
+    # GP-MAP took the default path: kernel="auto" chose one of the candidates
+    from msrm.gp.kernel_choice import DEFAULT_KERNELS
+
+    assert _one(rows, metric="kernel_chosen", method="gp_map")["params"]["kernel"] in DEFAULT_KERNELS
     held = [r for r in _by(rows, metric="heldout_r2", method="rmsrm") if r["status"] == "measured"]
     assert held and all(math.isfinite(r["value"]) for r in held)
     # held-out scores per modality (the features mask holds out brain features only), naive baseline beside

@@ -182,3 +182,51 @@ def test_interval_coverage_and_central_interval():
     with pytest.raises(ValueError, match="lower"):
         rm.interval_coverage(1.0, [2.0], [1.0])
     assert rm.binomial_sd(0.9, 100) == pytest.approx(0.03)
+
+
+# ------------------------------------------------------------------------- the truth in the fitted frame
+class _P:
+    """The three parameter mappings truth_in_fitted_frame reads."""
+
+    def __init__(self, loadings, intercepts, noise_sd=None):
+        self.loadings, self.intercepts = loadings, intercepts
+        self.noise_sd = noise_sd or {k: np.ones(len(v)) for k, v in intercepts.items()}
+
+
+def test_truth_in_fitted_frame_by_hand():
+    # one stream, one feature: W = 2, W_hat = 4, b = 1, b_hat = 3, sd 1 -> A = 8 / 16, a = 4 (1 - 3) / 16
+    z = np.array([[0.0], [1.0], [-2.0]])
+    out = rm.truth_in_fitted_frame(z, _P({"a/x": np.array([[2.0]])}, {"a/x": np.array([1.0])}),
+                                   _P({"a/x": np.array([[4.0]])}, {"a/x": np.array([3.0])}))
+    np.testing.assert_allclose(out["transform"], [[0.5]])
+    np.testing.assert_allclose(out["offset"], [-0.5])
+    np.testing.assert_allclose(out["latents"][0], 0.5 * z - 0.5)
+
+
+def test_truth_in_fitted_frame_recovers_a_reparametrised_fit_exactly():
+    # a fit that is the truth in another frame x = R z + c0 (W_hat = W R^-1, b_hat = b - W_hat c0) reproduces
+    # every stream's signal exactly, so the map is R, c0 whatever the noise weights
+    rng = np.random.default_rng(3)
+    z = [rng.normal(size=(40, 2)), rng.normal(size=(25, 2))]
+    R = np.array([[2.0, 0.5], [-1.0, 0.7]])
+    c0 = np.array([0.3, -1.2])
+    W = {"a/brain": rng.normal(size=(6, 2)), "a/rating": rng.normal(size=(1, 2)), "b/brain": rng.normal(size=(6, 2))}
+    b = {k: rng.normal(size=len(v)) for k, v in W.items()}
+    Wh = {k: v @ np.linalg.inv(R) for k, v in W.items()}
+    bh = {k: b[k] - Wh[k] @ c0 for k in W}
+    sd = {k: rng.uniform(0.2, 3.0, size=len(v)) for k, v in W.items()}
+    out = rm.truth_in_fitted_frame(z, _P(W, b), _P(Wh, bh, sd))
+    np.testing.assert_allclose(out["transform"], R, atol=1e-12)
+    np.testing.assert_allclose(out["offset"], c0, atol=1e-12)
+    for zr, xr in zip(z, out["latents"]):
+        np.testing.assert_allclose(xr, zr @ R.T + c0, atol=1e-12)
+
+
+def test_truth_in_fitted_frame_names_the_bad_stream():
+    z = np.zeros((3, 1))
+    with pytest.raises(ValueError, match="'a/x'"):
+        rm.truth_in_fitted_frame(z, _P({"a/x": np.ones((2, 1))}, {"a/x": np.ones(2)}),
+                                 _P({"a/x": np.ones((3, 1))}, {"a/x": np.ones(3)}))
+    with pytest.raises(ValueError, match="no stream"):
+        rm.truth_in_fitted_frame(z, _P({"a/x": np.ones((2, 1))}, {"a/x": np.ones(2)}),
+                                 _P({"b/x": np.ones((2, 1))}, {"b/x": np.ones(2)}))

@@ -55,6 +55,9 @@ method extrapolates.
   (:func:`~msrm_lab.recovery.metrics.aligned_band`, exact sd from the per-point K x K covariance), and
   ``band_coverage_90_affine`` after the affine least-squares map instead (which also corrects the scale: the
   difference between the two is the part of the miss that is a scale error); ``posterior_wall_s``;
+- ``band_coverage_90_frame`` (GP-MAP): the same band with nothing fitted to the true latents, in the model's own
+  frame: the truth carried there through the true and fitted loadings and intercepts
+  (:func:`~msrm_lab.recovery.metrics.truth_in_fitted_frame`), the band mean -+ Z90 sd as the model reports it;
 - NUTS: per response parameter (lags, and the physiology width) ``interval_hit_90`` (1 if the true value lies
   in the central 90% interval of its draws, bounds in params ``lower``, ``upper``, ``true``),
   ``interval_width_90`` (s), ``r_hat_max`` (several chains) and ``ess_bulk_min``; the response errors use the
@@ -80,11 +83,14 @@ from msrm.spec import AUTO_KERNEL
 from ..recovery import metrics as rm
 from .rows import make_row
 
-__all__ = ["NOTEBOOK", "SIZES", "MSRM_METHODS", "recovery_rows", "design_seed_rows", "fit_methods", "map_start"]
+__all__ = ["NOTEBOOK", "SIZES", "MSRM_METHODS", "BRAIN_ONLY", "brain_only", "recovery_rows", "design_seed_rows", "fit_methods", "map_start"]
 
 NOTEBOOK = "recovery"
 EXPERIMENT = "recovery"
-MSRM_METHODS = ("rmsrm", "gp_map", "nuts")
+MSRM_METHODS = ("rmsrm", "gp_map", "nuts", "rmsrm_brain", "gp_map_brain")
+# the fusion check: the same MSRM fit on the brain streams alone (the modality every design has)
+FUSION_BASE = "brain"
+BRAIN_ONLY = {"rmsrm_brain": "rmsrm", "gp_map_brain": "gp_map"}
 # the peers of msrm_lab.peers.PEERS (named here so that this module imports before that one exists)
 _ALL_PEERS = ("pca_spline", "fa_spline", "srm", "mefisto", "gpfa")
 
@@ -97,7 +103,7 @@ _ALL_PEERS = ("pca_spline", "fa_spline", "srm", "mefisto", "gpfa")
 # limit anyway is reported, not scored (module docstring, ``converged``).
 SIZES: dict[str, dict[str, Any]] = {
     # tests: one small design, one seed, the cheapest peer and both MSRM fits (each converges in a few seconds)
-    "smoke": dict(designs=("small",), seeds=(0,), methods=("pca_spline", "rmsrm", "gp_map"),
+    "smoke": dict(designs=("small",), seeds=(0,), methods=("pca_spline", "rmsrm", "gp_map", "rmsrm_brain"),
                   rmsrm=dict(restarts=1, max_iter=100), map=dict(), nuts=None, nuts_designs=(),
                   method_seeds={},
                   cv=dict(folds=2, masks=("features",), methods=("rmsrm",), rmsrm=dict(restarts=1, max_iter=100),
@@ -105,7 +111,8 @@ SIZES: dict[str, dict[str, Any]] = {
                   cv_seeds=(0,), drop=8.0, figure=dict(design="small", seed=0), n_jobs=1),
     # make book: two designs, two seeds, every method but NUTS and MEFISTO (one MEFISTO fit of a 300 s design
     # alone takes most of the quick profile's notebook time limit)
-    "quick": dict(designs=("baseline", "few_brain"), seeds=(0, 1), methods=_ALL_PEERS + ("rmsrm", "gp_map"),
+    "quick": dict(designs=("baseline", "few_brain"), seeds=(0, 1),
+                  methods=_ALL_PEERS + ("rmsrm", "gp_map", "rmsrm_brain"),
                   rmsrm=dict(restarts=2, max_iter=100), map=dict(), nuts=None, nuts_designs=(),
                   method_seeds={"mefisto": ()},
                   cv=dict(folds=3, masks=("features",), methods=("rmsrm",), rmsrm=dict(restarts=1, max_iter=100),
@@ -115,7 +122,8 @@ SIZES: dict[str, dict[str, Any]] = {
     # and the cross-validations on the first seed, GP-MAP's cross-validation on the small design
     "note": dict(designs=("baseline", "few_brain", "fast_dynamics", "missing_brain", "ou_latents", "bumps_hrf",
                           "small"),
-                 seeds=(0, 1, 2, 3, 4), methods=_ALL_PEERS + ("rmsrm", "gp_map", "nuts"),
+                 seeds=(0, 1, 2, 3, 4),
+                 methods=_ALL_PEERS + ("rmsrm", "gp_map", "nuts", "rmsrm_brain", "gp_map_brain"),
                  rmsrm=dict(restarts=2, max_iter=100), map=dict(),
                  nuts=dict(num_warmup=300, num_samples=300, num_chains=1, thin=10), nuts_designs=("small",),
                  method_seeds={"mefisto": (0,), "nuts": (0, 1)},
@@ -136,6 +144,21 @@ def map_start(params, spec):
     return start_inside_bounds(params, spec, 1e-6)
 
 
+def brain_only(data, spec):
+    """(data, spec) with the :data:`FUSION_BASE` streams only: every other stream dropped, its responses too, and
+    the grid padding fixed at the full spec's (so the latent grid, and the truth on it, stay the same)."""
+    import msrm
+
+    runs = []
+    for r, run in enumerate(data.runs):
+        kept = [s for s in run.streams if s.modality == FUSION_BASE]
+        if not kept:
+            raise ValueError(f"run {r} has no {FUSION_BASE!r} stream: the fusion check needs one in every run")
+        runs.append(msrm.Run(duration=run.duration, streams=kept))
+    sub = dataclasses.replace(spec, responses={FUSION_BASE: spec.responses[FUSION_BASE]}, latent_pad=spec.pad)
+    return msrm.Dataset(runs), sub
+
+
 def _masks(data, spec, truth, drop: float) -> list[np.ndarray]:
     from msrm.spec import latent_grid
 
@@ -149,6 +172,16 @@ def _bands(truth_latents, means, covs, masks) -> dict[str, Any]:
     for kind in ("procrustes", "affine"):
         out[kind] = rm.aligned_band(truth_latents, means, masks, cov=covs, map=kind)
     return out
+
+
+def _frame_band(truth, params, means, covs) -> dict[str, Any]:
+    """The 90% band as the model reports it (mean -+ Z90 sd, sd from the diagonal of each point's K x K
+    covariance) beside the truth carried into the model's frame through the loadings and intercepts of both
+    (:func:`~msrm_lab.recovery.metrics.truth_in_fitted_frame`: nothing fitted to the true latents)."""
+    mapped = rm.truth_in_fitted_frame(truth.latents, truth, params)["latents"]
+    sds = [np.sqrt(np.maximum(np.einsum("jkk->jk", np.asarray(C, dtype=np.float64)), 0.0)) for C in covs]
+    return {"truth": mapped, "lower": [m - rm.Z90 * s for m, s in zip(means, sds)],
+            "upper": [m + rm.Z90 * s for m, s in zip(means, sds)]}
 
 
 def _nuts_bands(truth_latents, lat, masks) -> dict[str, Any]:
@@ -180,7 +213,8 @@ def fit_methods(data, spec, truth, methods, sz: dict, seed: int) -> dict[str, di
     """Fit every method of ``methods`` on one dataset; a method's failure is recorded, never raised.
 
     R-MSRM is fitted once and is the start of GP-MAP, whose fit is the start of NUTS (a failed start fails the
-    methods that need it, with the reason).
+    methods that need it, with the reason). ``rmsrm_brain`` and ``gp_map_brain`` (:data:`BRAIN_ONLY`) are the
+    same two fits on the brain streams alone (:func:`brain_only`), on the same latent grid: the fusion check.
 
     Returns:
         method -> dict with ``ok``, ``error``, ``wall_s`` (that method's own fit), ``latents`` (per run (J, K),
@@ -194,9 +228,6 @@ def fit_methods(data, spec, truth, methods, sz: dict, seed: int) -> dict[str, di
     masks = _masks(data, spec, truth, sz["drop"])
     out: dict[str, dict] = {}
 
-    def failure(t0, exc) -> dict:
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "wall_s": time.perf_counter() - t0}
-
     for name in methods:
         if name not in _ALL_PEERS:
             continue
@@ -206,55 +237,30 @@ def fit_methods(data, spec, truth, methods, sz: dict, seed: int) -> dict[str, di
         try:
             res = run_peer(name, data, spec, seed)
         except Exception as exc:  # noqa: BLE001  (a broken peer must not stop the benchmark)
-            out[name] = failure(t0, exc)
+            out[name] = _failure(t0, exc)
             continue
         out[name] = {"ok": bool(res.ok), "error": res.error, "wall_s": float(res.wall_s),
                      "latents": list(res.latents) if res.ok else None}
 
     if not any(m in methods for m in MSRM_METHODS):
         return out
-    t0 = time.perf_counter()
-    rfit = None
-    try:
-        rfit = msrm.fit_rmsrm(data, spec, seed=seed, n_jobs=1, progress=False, **sz["rmsrm"])
-        out["rmsrm"] = {"ok": True, "error": None, "wall_s": time.perf_counter() - t0,
-                        "latents": list(rfit.latents), "response": dict(rfit.params.response),
-                        "convergence": {"converged": bool(rfit.converged), "iterations": int(rfit.n_iter),
-                                        "iteration_limit": int(rfit.settings["max_iter"]),
-                                        "stop": ("relative change of the objective below tol "
-                                                 f"{rfit.settings['tol']:g}" if rfit.converged else
-                                                 f"max_iter={rfit.settings['max_iter']} reached in a phase")}}
-    except Exception as exc:  # noqa: BLE001
-        out["rmsrm"] = failure(t0, exc)
-
-    model = mp = None
+    rfit = model = mp = None
+    if any(m in methods for m in ("rmsrm", "gp_map", "nuts")):
+        out["rmsrm"], rfit = _fit_rmsrm(data, spec, sz, seed)
     if "gp_map" in methods or "nuts" in methods:
-        t0 = time.perf_counter()
-        if rfit is None:
-            out["gp_map"] = {**out["rmsrm"], "error": "its R-MSRM start failed: " + out["rmsrm"]["error"]}
+        out["gp_map"], model, mp = _fit_gp_map(data, spec, truth, masks, sz, seed, out["rmsrm"], rfit)
+    if any(m in methods for m in BRAIN_ONLY):
+        # the fusion check: the same fits on the brain streams alone, scored against the same truth and grid
+        try:
+            bdata, bspec = brain_only(data, spec)
+        except ValueError as exc:
+            for name in BRAIN_ONLY:
+                out[name] = _failure(time.perf_counter(), exc)
         else:
-            try:
-                msrm.runtime.enable_x64()
-                gspec = dataclasses.replace(spec, kernel=sz.get("gp_kernel", AUTO_KERNEL))
-                model = msrm.GPMSRM(data, gspec, linear_algebra="state_space")
-                start = (rfit.params if model.selection is None
-                         else model.selection.params[(model.spec.kernel, spec.n_factors)])
-                mp = model.fit_map(init=map_start(start, model.spec), seed=seed, progress=False, **sz["map"])
-                wall = time.perf_counter() - t0
-                t1 = time.perf_counter()
-                post = model.latent_posterior(mp.params, cov=True)
-                means = [p.mean for p in post]
-                d = mp.diagnostics
-                out["gp_map"] = {"ok": True, "error": None, "wall_s": wall, "latents": means,
-                                 "kernel": model.spec.kernel,
-                                 "response": dict(mp.params.response),
-                                 "convergence": {"converged": bool(mp.converged), "iterations": int(d["iterations"]),
-                                                 "iteration_limit": int(d["maxiter"]), "stop": str(d["message"])},
-                                 "bands": _bands(truth.latents, means, [p.cov for p in post], masks),
-                                 "posterior_wall_s": time.perf_counter() - t1}
-            except Exception as exc:  # noqa: BLE001
-                out["gp_map"] = failure(t0, exc)
-                mp = None
+            out["rmsrm_brain"], brfit = _fit_rmsrm(bdata, bspec, sz, seed)
+            if "gp_map_brain" in methods:
+                out["gp_map_brain"], _, _ = _fit_gp_map(bdata, bspec, truth, masks, sz, seed, out["rmsrm_brain"],
+                                                        brfit)
     if "nuts" in methods:
         if mp is None:
             out["nuts"] = {**out["gp_map"], "wall_s": 0.0,
@@ -262,6 +268,59 @@ def fit_methods(data, spec, truth, methods, sz: dict, seed: int) -> dict[str, di
         else:
             out["nuts"] = _fit_nuts(model, mp, truth, masks, sz["nuts"], seed)
     return {m: out[m] for m in methods}
+
+
+def _failure(t0, exc) -> dict:
+    return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "wall_s": time.perf_counter() - t0}
+
+
+def _fit_rmsrm(data, spec, sz, seed):
+    """(result dict, fit or None): ``msrm.fit_rmsrm`` with the profile's settings (:func:`fit_methods`)."""
+    import msrm
+
+    t0 = time.perf_counter()
+    try:
+        rfit = msrm.fit_rmsrm(data, spec, seed=seed, n_jobs=1, progress=False, **sz["rmsrm"])
+    except Exception as exc:  # noqa: BLE001
+        return _failure(t0, exc), None
+    return {"ok": True, "error": None, "wall_s": time.perf_counter() - t0,
+            "latents": list(rfit.latents), "response": dict(rfit.params.response),
+            "convergence": {"converged": bool(rfit.converged), "iterations": int(rfit.n_iter),
+                            "iteration_limit": int(rfit.settings["max_iter"]),
+                            "stop": ("relative change of the objective below tol "
+                                     f"{rfit.settings['tol']:g}" if rfit.converged else
+                                     f"max_iter={rfit.settings['max_iter']} reached in a phase")}}, rfit
+
+
+def _fit_gp_map(data, spec, truth, masks, sz, seed, rres, rfit):
+    """(result dict, model, MAP fit) of GP-MAP by the default path (module docstring), started from the R-MSRM
+    fit ``rfit`` (its result ``rres`` names the failure when it has none); model and fit are None on failure."""
+    import msrm
+
+    t0 = time.perf_counter()
+    if rfit is None:
+        return {**rres, "error": "its R-MSRM start failed: " + str(rres["error"])}, None, None
+    try:
+        msrm.runtime.enable_x64()
+        gspec = dataclasses.replace(spec, kernel=sz.get("gp_kernel", AUTO_KERNEL))
+        model = msrm.GPMSRM(data, gspec, linear_algebra="state_space")
+        start = (rfit.params if model.selection is None
+                 else model.selection.params[(model.spec.kernel, spec.n_factors)])
+        mp = model.fit_map(init=map_start(start, model.spec), seed=seed, progress=False, **sz["map"])
+        wall = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        post = model.latent_posterior(mp.params, cov=True)
+        means, covs = [p.mean for p in post], [p.cov for p in post]
+        d = mp.diagnostics
+        return {"ok": True, "error": None, "wall_s": wall, "latents": means, "kernel": model.spec.kernel,
+                "response": dict(mp.params.response),
+                "convergence": {"converged": bool(mp.converged), "iterations": int(d["iterations"]),
+                                "iteration_limit": int(d["maxiter"]), "stop": str(d["message"])},
+                "bands": _bands(truth.latents, means, covs, masks),
+                "frame_band": _frame_band(truth, mp.params, means, covs),
+                "posterior_wall_s": time.perf_counter() - t1}, model, mp
+    except Exception as exc:  # noqa: BLE001
+        return _failure(t0, exc), None, None
 
 
 def _fit_nuts(model, mp, truth, masks, settings: dict, seed: int) -> dict:
@@ -318,11 +377,12 @@ def _cv_rows(data, spec, sz, design, seed, methods, row) -> list[dict]:
 
     for method in methods:
         for mask in cv["masks"]:
-            if method in _ALL_PEERS or method == "nuts":
+            if method in _ALL_PEERS or method == "nuts" or method in BRAIN_ONLY:
                 unscored(method, mask, "not_yet_measured",
                          reason=("a peer estimates latents only, with no predictive distribution of held-out values"
                                  if method in _ALL_PEERS else
-                                 "cross-validation refits every fold; NUTS is not refitted"))
+                                 "cross-validation refits every fold; NUTS is not refitted" if method == "nuts" else
+                                 "the brain-only fit is the fusion check's reference for the latents only"))
                 continue
             cv_method = "rmsrm" if method == "rmsrm" else "map"
             if cv_method not in cv["methods"] or (cv_method == "map" and design not in cv["map_designs"]):
@@ -396,6 +456,10 @@ def _method_rows(name: str, res: dict, truth, masks, row) -> list[dict]:
             b = res["bands"][kind]
             rows.append(score(metric, rm.band_coverage(truth.latents, b["lower"], b["upper"], masks), "1",
                               alignment=kind, exact_sd=True))
+        if res.get("frame_band"):
+            fb = res["frame_band"]
+            rows.append(score("band_coverage_90_frame", rm.band_coverage(fb["truth"], fb["lower"], fb["upper"], masks),
+                              "1", alignment="loadings", exact_sd=True))
         rows.append(row("posterior_wall_s", res["posterior_wall_s"], "s", method=name))
     if res.get("draws"):
         for key, draws in res["draws"].items():

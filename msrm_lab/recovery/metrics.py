@@ -11,6 +11,9 @@ and says which:
 - :func:`aligned_band` moves a posterior band onto the truth by a rotation or reflection only (orthogonal
   Procrustes after centring), which keeps the band's width, or by an affine map, which also corrects the scale;
   the band is then scored by :func:`band_coverage`.
+- :func:`truth_in_fitted_frame` fits nothing to the truth: it carries the true latents into the fitted model's
+  own frame through the two models' loadings and intercepts, so that the fitted posterior band is judged as it
+  stands.
 
 Latents are given per run, each a (J, K) array on the run's latent grid (``msrm.latent_grid``), or as one such
 array. Several runs share their factors, so one map is fitted to the grid points of all runs together (means are
@@ -29,7 +32,7 @@ import numpy as np
 
 __all__ = [
     "edge_mask", "subspace_error", "aligned_r2", "align_to_truth", "response_errors", "flat_response_errors",
-    "best_shift", "aligned_band", "band_coverage", "interval_coverage", "central_interval", "binomial_sd", "Z90",
+    "best_shift", "aligned_band", "truth_in_fitted_frame", "band_coverage", "interval_coverage", "central_interval", "binomial_sd", "Z90",
 ]
 
 # the two-sided 90% standard normal quantile: a 90% band is mean +- Z90 sd
@@ -354,6 +357,66 @@ def aligned_band(true, mean, mask=None, *, cov=None, sd=None, z: float = Z90,
             "lower": [m - z * s for m, s in zip(new_mean, new_sd)],
             "upper": [m + z * s for m, s in zip(new_mean, new_sd)],
             "transform": A, "center": c, "offset": o, "map": map, "exact_sd": cov is not None}
+
+
+def truth_in_fitted_frame(true, true_params, fit_params, streams=None) -> dict[str, Any]:
+    r"""The true latents carried into a fitted model's latent frame through the loadings and intercepts of both.
+
+    Every stream s sees the latents through its response (linear, of unit gain, the same for every factor) and
+    its loadings: the true signal is ``b_s + W_s (h_s * z)``. The fitted-frame latent that best reproduces the true
+    signal of every stream, in the fitted model's own noise metric ``D_s = diag(1 / sigma_hat_s^2)``, is
+
+    .. math::
+
+        x(t) = A z(t) + a,\quad A = G^{-1} \sum_s \hat W_s^\top D_s W_s,\quad
+        a = G^{-1} \sum_s \hat W_s^\top D_s (b_s - \hat b_s),\quad G = \sum_s \hat W_s^\top D_s \hat W_s,
+
+    (a response of unit gain passes the constant ``a`` unchanged, and commutes with ``A``). Nothing is fitted to
+    the true latents, so a posterior band can be judged in the frame the model reports it, with its own width,
+    scale and offset: a miss is the model's, not an alignment's.
+
+    Args:
+        true: the true latents, a (J, K) array or one per run.
+        true_params, fit_params: objects with ``loadings``, ``intercepts`` (and, for the fit, ``noise_sd``)
+            mappings from stream key to (F,K) / (F,) arrays (:class:`msrm.Params`).
+        streams: the stream keys to use (default: every key of the fit's loadings that the truth also has).
+
+    Returns:
+        dict with ``latents`` (list over runs of the (J, K_fit) mapped truth), ``transform`` A (K_fit, K),
+        ``offset`` a (K_fit,).
+    """
+    T = _runs(true, "true")
+    keys = [k for k in fit_params.loadings if k in true_params.loadings] if streams is None else list(streams)
+    if not keys:
+        raise ValueError("streams: no stream has loadings in both the truth and the fit")
+    K = T[0].shape[1]
+    Kf = None
+    G = B = c = None
+    for key in keys:
+        for name, params in (("true_params", true_params), ("fit_params", fit_params)):
+            if key not in params.loadings or key not in params.intercepts:
+                raise ValueError(f"{name}: no loadings or intercepts for stream {key!r}")
+        W = np.asarray(true_params.loadings[key], dtype=np.float64)
+        Wh = np.asarray(fit_params.loadings[key], dtype=np.float64)
+        b = np.asarray(true_params.intercepts[key], dtype=np.float64)
+        bh = np.asarray(fit_params.intercepts[key], dtype=np.float64)
+        sd = np.asarray(fit_params.noise_sd[key], dtype=np.float64)
+        F = Wh.shape[0]
+        if W.shape != (F, K) or b.shape != (F,) or bh.shape != (F,) or sd.shape != (F,) or Wh.ndim != 2:
+            raise ValueError(f"stream {key!r}: loadings {W.shape} / {Wh.shape}, intercepts {b.shape} / {bh.shape}, "
+                             f"noise {sd.shape} do not agree with {F} features and K = {K}")
+        if not (np.all(np.isfinite(sd)) and np.all(sd > 0)):
+            raise ValueError(f"fit_params: noise_sd of stream {key!r} must be finite and positive")
+        Kf = Wh.shape[1] if Kf is None else Kf
+        if Wh.shape[1] != Kf:
+            raise ValueError(f"fit_params: stream {key!r} has {Wh.shape[1]} factors, others {Kf}")
+        WD = Wh.T / sd**2
+        G = WD @ Wh if G is None else G + WD @ Wh
+        B = WD @ W if B is None else B + WD @ W
+        c = WD @ (b - bh) if c is None else c + WD @ (b - bh)
+    A = np.linalg.solve(G, B)
+    a = np.linalg.solve(G, c)
+    return {"latents": [t @ A.T + a for t in T], "transform": A, "offset": a}
 
 
 def band_coverage(true, lower, upper, mask=None) -> float:
