@@ -358,8 +358,10 @@ def param_columns(df: pd.DataFrame, notebook: str, experiment: str | None = None
 
 
 def pick(df: pd.DataFrame, notebook: str, experiment: str, metric: str, **params) -> tuple[object, str | None, str | None]:
-    """One measured value for prose: ``(value, device, profile)`` from the most preferred profile present (then
-    the first device by name); ``(None, None, None)`` when nothing was measured. ``params`` filter rows by value.
+    """One measured value for prose: ``(value, device, profile)`` from the most preferred profile present, then
+    from the device that measured it most recently (its newest row; ties by device name), so that prose quotes the
+    sitting closest to the code as it is; ``(None, None, None)`` when nothing was measured. ``params`` filter rows
+    by value.
     """
     sub = df[(df["notebook"] == notebook) & (df["experiment"] == experiment) & (df["metric"] == metric)
              & df["status"].isin(("measured", "projected"))]
@@ -371,7 +373,10 @@ def pick(df: pd.DataFrame, notebook: str, experiment: str, metric: str, **params
         return None, None, None
     rank = {p: i for i, p in enumerate(PROFILE_ORDER)}
     sub = sub.assign(_rank=sub["profile"].map(lambda p: rank.get(p, len(rank))))
-    sub = sub.sort_values(["_rank", "device", "info_timestamp"], ascending=[True, True, False], kind="stable")
+    sub = sub[sub["_rank"] == sub["_rank"].min()]
+    stamp = sub["info_timestamp"].astype(str)
+    sub = sub.assign(_latest=stamp.groupby(sub["device"]).transform("max"), _stamp=stamp)
+    sub = sub.sort_values(["_latest", "device", "_stamp"], ascending=[False, True, False], kind="stable")
     row = sub.iloc[0]
     return row["value"], row["device"], row["profile"]
 

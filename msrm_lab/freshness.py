@@ -65,9 +65,10 @@ MEASURED_PATHS: dict[str, tuple[str, ...]] = {
     "gradient_nuts": (_BENCH + "nuts.py", _BENCH + "diagnostics.py", _MEASURE, "data_synth/",
                       "msrm/diagnostics.py", "msrm/diagnostics_kernels.py") + _GP,
     # bench/state_space.py: GPMSRM both backends, msrm.gp.state_space (loglik, prepare, tuning), msrm.gp.memory;
-    # bench/gp.floor_function, bench/scaling.fit_exponent
-    "state_space": (_BENCH + "state_space.py", _BENCH + "gp.py", _BENCH + "scaling.py", _MEASURE,
-                    "data_synth/") + _GP,
+    # bench/gp.floor_function, bench/scaling.fit_exponent; bench/commit_cost times the same cases at the commit
+    # before the accuracy guards
+    "state_space": (_BENCH + "state_space.py", _BENCH + "gp.py", _BENCH + "scaling.py", _BENCH + "commit_cost.py",
+                    _MEASURE, "data_synth/") + _GP,
     # bench/scaling.py: GPMSRM both backends, msrm.fit_rmsrm, msrm.data.split_run, msrm.gp.memory
     "scaling": (_BENCH + "scaling.py", _MEASURE, "data_synth/") + _GP + ("msrm/rmsrm/",),
     # bench/reliability.py: the fault catalogue over the whole library, atomic archives, crash tests;

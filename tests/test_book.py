@@ -75,6 +75,18 @@ def test_device_table_side_by_side_prefers_note_and_says_not_yet_measured(result
     assert mb.pick(df, "linalg", "matmul", "median_s", n=4096) == (None, None, None)
 
 
+def test_pick_quotes_the_most_recent_device_of_the_preferred_profile(tmp_path):
+    older, newer = dict(INFO, timestamp="2026-01-01T00:00:00+00:00"), dict(INFO, timestamp="2026-02-01T00:00:00+00:00")
+    _rows(tmp_path, "cpu-a-2c", "note", "linalg", [make_row("linalg", "matmul", "median_s", 1.5, "s", info=older, n=1)])
+    _rows(tmp_path, "cpu-b-2c", "note", "linalg", [make_row("linalg", "matmul", "median_s", 2.5, "s", info=newer, n=1)])
+    _rows(tmp_path, "cpu-c-2c", "quick", "linalg", [make_row("linalg", "matmul", "median_s", 9.0, "s",
+                                                             info=dict(INFO, timestamp="2026-03-01T00:00:00+00:00"),
+                                                             n=1)])
+    df = mb.load_results(tmp_path)
+    assert mb.pick(df, "linalg", "matmul", "median_s") == (2.5, "cpu-b-2c", "note")  # newest note sitting
+    assert mb.pick(df[df.device != "cpu-b-2c"], "linalg", "matmul", "median_s") == (1.5, "cpu-a-2c", "note")
+
+
 def test_device_table_has_a_column_per_device_and_a_gpu_placeholder(tmp_path):
     _rows(tmp_path, "cpu-a-avx2-2c", "note", "linalg", [make_row("linalg", "matmul", "median_s", 1.5, "s",
                                                                  info=INFO, n=512)])
