@@ -378,3 +378,19 @@ def test_auto_method_avoids_the_callback_with_one_cpu(monkeypatch):
     assert linalg.resolve_method("callback") == "callback"  # asked for explicitly: kept
     monkeypatch.setattr(runtime, "physical_cores", lambda: 2)
     assert linalg.resolve_method("auto") == ("callback" if jax.default_backend() == "cpu" else "native")
+
+
+
+def test_bank_row_records_a_non_finite_density_as_an_error_row():
+    """A bank whose filter returns no finite density gets an ``error`` row naming the guard event (not a number and
+    not a crash); a finite one its relative error against the exact density."""
+    from msrm_lab.bench.state_space import bank_row
+
+    info = {"git_commit": "x"}
+    ok = bank_row(-101.0, 0, -100.0, info=info, embedding="laguerre", n_states_per_factor=4)
+    assert ok["status"] == "measured" and ok["value"] == pytest.approx(0.01)
+    assert ok["params"]["guard_event"] == 0
+    bad = bank_row(float("nan"), 1, -100.0, info=info, embedding="rational", n_states_per_factor=48)
+    assert bad["status"] == "error" and bad["value"] is None
+    assert bad["params"]["guard_event"] == 1 and "not finite" in bad["params"]["reason"]
+    assert bad["params"]["n_states_per_factor"] == 48

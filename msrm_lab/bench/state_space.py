@@ -19,7 +19,7 @@ from .measure import PeakMemory, warm_median
 from .rows import make_row
 
 __all__ = ["SIZES", "NOTEBOOK", "NOTE_STATES_PER_FACTOR", "TARGETS", "note_staging_bytes", "memory_rows",
-           "speed_rows", "ladder_rows", "bank_rows", "block_rows", "parallel_rows", "target_rows",
+           "speed_rows", "ladder_rows", "bank_row", "bank_rows", "block_rows", "parallel_rows", "target_rows",
            "factorization_function", "grouped_parts", "accuracy_cost_rows", "ACCURACY_BASE", "all_rows"]
 
 NOTEBOOK = "state_space"
@@ -235,9 +235,23 @@ def ladder_rows(size: str, *, info=None, progress=None) -> list[dict]:
     return rows
 
 
+def bank_row(value: float, event: int, exact: float, *, info=None, **params) -> dict:
+    """The row of one bank: its relative error against the exact density ``exact``, or, where the bank's filter
+    returned no finite density, an ``error`` row naming the factorization guard event instead of a number."""
+    import math
+
+    if math.isfinite(value):
+        return make_row(NOTEBOOK, "banks", "relative_error", abs(value - exact) / abs(exact), "", info=info,
+                        guard_event=event, **params)
+    return make_row(NOTEBOOK, "banks", "relative_error", None, "", status="error", info=info, guard_event=event,
+                    reason=f"log likelihood not finite ({value}), factorization guard event {event}", **params)
+
+
 def bank_rows(size: str, *, info=None) -> list[dict]:
-    """Relative error of the Laguerre and rational banks against the exact density, per state count."""
+    """Relative error of the Laguerre and rational banks against the exact density, per state count (an
+    ``error`` row where a bank's filter returns no finite density)."""
     import jax
+    import numpy as np
 
     from msrm.gp.model import params_to_theta
     from msrm.gp.state_space import loglik, prepare
@@ -245,15 +259,15 @@ def bank_rows(size: str, *, info=None) -> list[dict]:
     sz = SIZES[size]
     data, truth = _case(sz, K=sz["K"])
     theta = params_to_theta(truth.params)
-    f = jax.jit(lambda th, p: loglik(th, p)[0])
-    exact = float(f(theta, prepare(data, truth.spec)))
+    f = jax.jit(lambda th, p: loglik(th, p))
+    exact = float(f(theta, prepare(data, truth.spec))[0])
     rows = []
     for kind in ("laguerre", "rational"):
         for n in sz["bank_states"]:
             prepared = prepare(data, truth.spec, response_embedding=kind, n_states=n)
-            v = float(f(theta, prepared))
-            rows.append(make_row(NOTEBOOK, "banks", "relative_error", abs(v - exact) / abs(exact), "", info=info,
-                                 embedding=kind, n_states_per_factor=n, K=sz["K"], n_features=sz["n_features"],
+            v, event = f(theta, prepared)
+            rows.append(bank_row(float(v), int(np.max(np.asarray(event))), exact, info=info, embedding=kind,
+                                 n_states_per_factor=n, K=sz["K"], n_features=sz["n_features"],
                                  profile=sz["profile"], state_dim=prepared.runs[0].tables.n_states))
     return rows
 
