@@ -528,6 +528,28 @@ def posterior_bands(model, params: Params, fit_runs, half_width: int) -> list[np
 # ------------------------------------------------------------------------------------------ the projection
 
 
+def _predict_run(run, spec, params: Params, fixed) -> dict:
+    """``{stream key: Prediction}`` of one run's new-participant streams from the fixed latents ``fixed`` =
+    (grid, mean (J, K), banded covariance or None): mean ``b + W E[x]``, sd ``sqrt(diag(W Cov[x] W^T) + sigma^2)``
+    (the noise sd alone when the latents are a point estimate)."""
+    grid, mean, band = fixed
+    preds = {}
+    for s in run.streams:
+        resp = spec.response(s.modality)
+        theta = {} if not resp.param_names else params.response[s.modality if spec.pooling == "shared" else s.key]
+        m, V = window_moments(s.times, resp, theta, grid, mean, band)
+        W, b, sd = params.loadings[s.key], params.intercepts[s.key], params.noise_sd[s.key]
+        mu = b[None, :] + m @ W.T
+        if V is None:
+            preds[s.key] = Prediction(mean=mu, sd=np.broadcast_to(sd[None, :], mu.shape), signal_sd=None,
+                                      times=s.times)
+        else:
+            signal_var = np.maximum(np.einsum("fk,ikl,fl->if", W, V, W), 0.0)
+            preds[s.key] = Prediction(mean=mu, sd=np.sqrt(signal_var + sd[None, :] ** 2),
+                                      signal_sd=np.sqrt(signal_var), times=s.times)
+    return preds
+
+
 def project_participant(fit, new_data, *, params=None, participant: str | None = None,
                         runs: Sequence[int] | None = None) -> ParticipantProjection:
     """Estimate a new participant's loadings, intercepts, noise sd (and, with individual pooling, response
@@ -589,25 +611,7 @@ def project_participant(fit, new_data, *, params=None, participant: str | None =
     new_params = Params(loadings, intercepts, noise_sd, np.asarray(view.params.lengthscales), response)
     new_params.validate(selected, spec, require_lengthscales=False)
 
-    predictions = []
-    for r, run in enumerate(selected.runs):
-        grid, mean, band = fixed[r]
-        preds = {}
-        for s in run.streams:
-            resp = spec.response(s.modality)
-            theta = {} if not resp.param_names else new_params.response[
-                s.modality if spec.pooling == "shared" else s.key]
-            m, V = window_moments(s.times, resp, theta, grid, mean, band)
-            W, b, sd = new_params.loadings[s.key], new_params.intercepts[s.key], new_params.noise_sd[s.key]
-            mu = b[None, :] + m @ W.T
-            if V is None:
-                preds[s.key] = Prediction(mean=mu, sd=np.broadcast_to(sd[None, :], mu.shape), signal_sd=None,
-                                          times=s.times)
-            else:
-                signal_var = np.maximum(np.einsum("fk,ikl,fl->if", W, V, W), 0.0)
-                preds[s.key] = Prediction(mean=mu, sd=np.sqrt(signal_var + sd[None, :] ** 2),
-                                          signal_sd=np.sqrt(signal_var), times=s.times)
-        predictions.append(preds)
+    predictions = [_predict_run(run, spec, new_params, fixed[r]) for r, run in enumerate(selected.runs)]
     return ParticipantProjection(participant=participant, params=new_params, predictions=predictions,
                                  latents=latents, runs=fit_runs, data=selected, expected_loglik=ell,
                                  response_search=search, fit=view.label, spec=spec)

@@ -183,6 +183,22 @@ def _select_factors(data, spec, candidates, method, folds, seed, score, model_kw
 
 
 # ---------------------------------------------------------------------------------------------- select
+def _check_settings(data, spec, method, score, folds, seed) -> None:
+    """The refusals of :func:`select` that need no fit: the types of data and spec, and each setting's range."""
+    if not isinstance(data, Dataset):
+        raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be an msrm.ModelSpec, got {type(spec).__name__}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    if not _is_int(folds, 2):
+        raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
+    if not _is_int(seed, 0):
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+
+
 def select(data: Dataset, spec: ModelSpec, *, kernels=DEFAULT_KERNELS, n_factors=None, method: str = "rmsrm",
            folds: int = 5, seed: int = 0, score: str = "r2", model_kwargs: dict | None = None,
            rmsrm_kwargs: dict | None = None, map_kwargs: dict | None = None, **cv_kwargs) -> Selection:
@@ -213,18 +229,7 @@ def select(data: Dataset, spec: ModelSpec, *, kernels=DEFAULT_KERNELS, n_factors
 
     import pandas as pd
 
-    if not isinstance(data, Dataset):
-        raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
-    if not isinstance(spec, ModelSpec):
-        raise ValueError(f"spec must be an msrm.ModelSpec, got {type(spec).__name__}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if score not in SCORES:
-        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-    if not _is_int(folds, 2):
-        raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
-    if not _is_int(seed, 0):
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    _check_settings(data, spec, method, score, folds, seed)
     names = kernel_candidates(kernels, spec)
     Ks = _factor_candidates(n_factors, spec)
     if len(Ks) > 1:
