@@ -244,17 +244,20 @@ def reference_rows(section: str | None = None, path: str | Path | None = None) -
     return ref.reset_index(drop=True)
 
 
-def figure_paths(notebook: str, root=None, *, all_profiles: bool = False) -> list[tuple[str, str, Path]]:
+def figure_paths(notebook: str, root=None, *, all_profiles: bool = False,
+                 stems: tuple[str, ...] | None = None) -> list[tuple[str, str, Path]]:
     """PNG figures of a notebook: ``(device, profile, path)`` sorted by device then file name.
 
-    Only the preferred profile per device unless ``all_profiles``.
+    Only the preferred profile per device unless ``all_profiles``; only the files named ``<stem>.png`` for a stem
+    in ``stems`` when it is given (a notebook whose figures need captions of their own).
     """
     found: dict[str, list[tuple[str, Path]]] = {}
     for device, profile, folder in _result_folders(results_roots(root)):
         if folder.name != notebook:
             continue
         for png in sorted(folder.glob("*.png")):
-            found.setdefault(device, []).append((profile, png))
+            if stems is None or png.stem in stems:
+                found.setdefault(device, []).append((profile, png))
     rank = {p: i for i, p in enumerate(PROFILE_ORDER)}
     out = []
     for device in sorted(found):
@@ -330,8 +333,10 @@ def figure_markdown(path: Path, name: str, caption: str, base: Path | None = Non
     return f"```{{figure}} {rel}\n:name: {name}\n:width: {width}\n\n{caption}\n```\n"
 
 
-def show_figures(notebook: str, caption: str, root=None, *, name: str | None = None, all_profiles: bool = False) -> int:
-    """Display every PNG of a notebook, per device, as numbered MyST figures. Returns how many were shown.
+def show_figures(notebook: str, caption: str, root=None, *, name: str | None = None, all_profiles: bool = False,
+                 stems: tuple[str, ...] | None = None) -> int:
+    """Display every PNG of a notebook (those named by ``stems`` when given), per device, as numbered MyST
+    figures. Returns how many were shown.
 
     The markdown output is parsed as MyST by myst-nb (``nb_render_markdown_format: myst``), so the figures are
     numbered and copied into the built book like any other image.
@@ -339,7 +344,7 @@ def show_figures(notebook: str, caption: str, root=None, *, name: str | None = N
     from IPython.display import Markdown, display
 
     shown = 0
-    for device, profile, png in figure_paths(notebook, root, all_profiles=all_profiles):
+    for device, profile, png in figure_paths(notebook, root, all_profiles=all_profiles, stems=stems):
         label = f"fig-{name or notebook}-{device}-{profile}-{png.stem}".replace("_", "-")
         display(Markdown(figure_markdown(png, label, f"{caption} ({png.stem}; {device}, {profile} profile).")))
         shown += 1

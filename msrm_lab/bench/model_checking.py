@@ -11,18 +11,35 @@ mean), the coverage of the central 90% predictive intervals, whether every fold'
 (``chosen_k``) next to the true K. A K with a fold whose fit did not converge is not scored: its score rows have
 ``status="refused"`` and the reason, and it is not a candidate for ``chosen_k``. A notebook cell is
 ``rows = choose_k_rows(profile)`` followed by a table of the rows.
+
+``gap_rows(profile)`` asks whether GP-MAP's predictive distribution is calibrated across a gap in time. It
+cross-validates GP-MAP (state space, ``"time_blocks"`` mask: every stream of a run held out in the same window)
+on two 60 s studies of the same shape (2 brain participants x 20 features, 2 rating and 2 physiology
+participants, 1 s latent grid): ``"gp_draws"``, whose latents are drawn from the Matern-3/2 prior the fit uses
+(``data_synth.synthetic_dataset``, profile ``tiny`` stretched to 60 s), and ``"sinusoids"``, the recovery design
+``small`` whose latents are sums of sinusoids (``data_synth.designs``), fitted with Matern-3/2 and with
+Matern-7/2 (the kernel ``kernel="auto"`` picks there). Each held-out window is labelled by its position:
+``edge`` (the first or last window of a run: the fit sees data on one side only and extrapolates) or
+``interior`` (data on both sides: interpolation). Rows per (study, kernel, seed, modality, position): the
+coverage of the central 50% and 90% predictive intervals, the held-out log predictive density per value beside
+the naive predictive's (each feature's in-fold mean and sd), and the mean squared standardised error
+``E[((y - m) / v)^2]`` (1 when the predictive sd is right on average, above 1 when it is too small); and per
+(study, kernel, modality, position) the PIT histogram (``pit_fraction``, ten bins of width 0.1, pooled over
+seeds).
 """
 from __future__ import annotations
 
 import dataclasses
 import time
 
+import numpy as np
+
 import data_synth
 from msrm.validation import NotConvergedError, cross_validate
 
 from .rows import make_row
 
-__all__ = ["SIZES", "NOTEBOOK", "choose_k_rows"]
+__all__ = ["SIZES", "GAP_SIZES", "NOTEBOOK", "choose_k_rows", "gap_rows", "gap_scores"]
 
 NOTEBOOK = "model_checking"
 # the modality the features mask holds out in these studies (the only one with at least ``folds`` features)
@@ -93,4 +110,123 @@ def choose_k_rows(profile: str, *, info=None, n_jobs: int | None = 1) -> list[di
     else:
         rows.append(make_row(NOTEBOOK, "choose_k", "chosen_k", None, "factors", status="refused", info=info,
                              candidates=scored, reason="no candidate K was scored: no fit converged", **common))
+    return rows
+
+
+# the gap-calibration studies per profile: seeds, folds (time windows per run) and the kernels fitted to the
+# sinusoidal design (the GP-draw study is fitted with the kernel it was drawn from)
+GAP_SIZES = {
+    "smoke": dict(seeds=(0,), folds=3, kernels=("matern32",), studies=("sinusoids",)),
+    "quick": dict(seeds=(0,), folds=4, kernels=("matern32",), studies=("gp_draws", "sinusoids")),
+    "note": dict(seeds=(0, 1, 2), folds=5, kernels=("matern32", "matern72"), studies=("gp_draws", "sinusoids")),
+}
+GAP_SIZES["full"] = GAP_SIZES["note"]
+PIT_BINS = 10
+
+
+def _gap_study(study: str, seed: int):
+    """(data, spec) of a gap-calibration study (module docstring)."""
+    if study == "gp_draws":
+        data, truth = data_synth.synthetic_dataset(profile="tiny", n_features=20, duration_scale=2.5, n_factors=2,
+                                                   seed=seed, kernel="matern32")
+        return data, truth.spec
+    if study == "sinusoids":
+        from data_synth.designs import make_design
+
+        data, spec, _ = make_design("small", seed)
+        return data, spec
+    raise ValueError(f"unknown gap-calibration study {study!r}")
+
+
+def gap_scores(res, n_folds: int) -> tuple[dict, dict]:
+    """Scores of one cross-validation by (modality, position) from its per-value table (``CVResult.pit``).
+
+    A fold's window is ``edge`` when it is the first or last of the run, else ``interior``. With ``u = PIT``
+    of a held-out value, its standardised error is ``Phi^-1(u)`` (a PIT that rounds to 0 or 1 in float64, ``|z|``
+    beyond about 8.2, counts as ``|z| = 8.2``, so ``mean_sq_z`` is then a lower bound); coverage of the central
+    interval of mass c is the fraction with ``|u - 1/2| < c / 2``.
+
+    Returns:
+        (scores, pit): ``scores[(modality, position)]`` a dict of ``n``, ``coverage_50``, ``coverage_90``,
+        ``mean_sq_z``; ``pit[(modality, position)]`` the (n,) PIT values.
+    """
+    from scipy.stats import norm
+
+    table = res.pit
+    position = np.where(np.isin(table["fold"].to_numpy(), (0, n_folds - 1)), "edge", "interior")
+    scores, pits = {}, {}
+    for (modality, pos), g in table.assign(position=position).groupby(["modality", "position"]):
+        u = g["pit"].to_numpy(dtype=np.float64)
+        z = norm.ppf(np.clip(u, 1e-300, 1 - 1e-16))
+        scores[(modality, pos)] = {"n": int(u.size), "coverage_50": float(np.mean(np.abs(u - 0.5) < 0.25)),
+                                   "coverage_90": float(np.mean(np.abs(u - 0.5) < 0.45)),
+                                   "mean_sq_z": float(np.mean(z * z))}
+        pits[(modality, pos)] = u
+    return scores, pits
+
+
+def _lpd_by_position(res, n_folds: int) -> dict:
+    """Per (modality, position): (lpd per value, naive lpd per value), summed over folds and streams."""
+    f = res.folds
+    pos = np.where(np.isin(f["fold"].to_numpy(), (0, n_folds - 1)), "edge", "interior")
+    out = {}
+    for (modality, p), g in f.assign(position=pos).groupby(["modality", "position"]):
+        n = float(g["n_heldout"].sum())
+        out[(modality, p)] = (float(g["lpd"].sum()) / n, float(g["lpd_naive"].sum()) / n)
+    return out
+
+
+def gap_rows(profile: str, *, info=None) -> list[dict]:
+    """Calibration of GP-MAP's predictions across gaps in time, at the run edges and inside (module docstring)."""
+    import msrm
+
+    if profile not in GAP_SIZES:
+        raise ValueError(f"profile must be one of {sorted(GAP_SIZES)}, got {profile!r}")
+    sz = GAP_SIZES[profile]
+    if info is None:
+        from msrm_lab.provenance import execution_info
+
+        info = execution_info()
+    msrm.runtime.enable_x64()
+    rows, pooled = [], {}
+    for study in sz["studies"]:
+        kernels = ("matern32",) if study == "gp_draws" else sz["kernels"]
+        for kernel in kernels:
+            for seed in sz["seeds"]:
+                data, spec = _gap_study(study, seed)
+                spec = dataclasses.replace(spec, kernel=kernel)
+                common = dict(profile=profile, study=study, kernel=kernel, seed=seed, folds=sz["folds"],
+                              method="map", mask="time_blocks", linear_algebra="state_space")
+                t0 = time.perf_counter()
+                try:
+                    res = cross_validate(data, spec, method="map", folds=sz["folds"], mask="time_blocks", seed=seed,
+                                         model_kwargs=dict(linear_algebra="state_space"))
+                except NotConvergedError as exc:
+                    rows.append(make_row(NOTEBOOK, "gap_calibration", "converged", 0.0, "1", info=info,
+                                         reason=str(exc), **common))
+                    continue
+                rows.append(make_row(NOTEBOOK, "gap_calibration", "converged", 1.0, "1", info=info, **common))
+                rows.append(make_row(NOTEBOOK, "gap_calibration", "wall_s", time.perf_counter() - t0, "s",
+                                     info=info, **common))
+                scores, pits = gap_scores(res, sz["folds"])
+                lpd = _lpd_by_position(res, sz["folds"])
+                for (modality, pos), sc in scores.items():
+                    where = dict(modality=modality, position=pos, n_heldout=sc["n"], **common)
+                    for metric in ("coverage_50", "coverage_90", "mean_sq_z"):
+                        rows.append(make_row(NOTEBOOK, "gap_calibration", metric, sc[metric], "1", info=info,
+                                             **where))
+                    model, naive = lpd[(modality, pos)]
+                    rows.append(make_row(NOTEBOOK, "gap_calibration", "lpd_per_value", model, "nats", info=info,
+                                         **where))
+                    rows.append(make_row(NOTEBOOK, "gap_calibration", "lpd_naive_per_value", naive, "nats",
+                                         info=info, **where))
+                    pooled.setdefault((study, kernel, modality, pos), []).append(pits[(modality, pos)])
+    edges = np.linspace(0.0, 1.0, PIT_BINS + 1)
+    for (study, kernel, modality, pos), parts in pooled.items():
+        u = np.concatenate(parts)
+        counts, _ = np.histogram(u, bins=edges)
+        for b, c in enumerate(counts):
+            rows.append(make_row(NOTEBOOK, "gap_calibration", "pit_fraction", float(c) / u.size, "1", info=info,
+                                 profile=profile, study=study, kernel=kernel, modality=modality, position=pos,
+                                 bin=b, bin_lower=float(edges[b]), n_values=int(u.size), seeds=list(sz["seeds"])))
     return rows
