@@ -25,7 +25,9 @@ coverage of the central 50% and 90% predictive intervals, the held-out log predi
 the naive predictive's (each feature's in-fold mean and sd), and the mean squared standardised error
 ``E[((y - m) / v)^2]`` (1 when the predictive sd is right on average, above 1 when it is too small); and per
 (study, kernel, modality, position) the PIT histogram (``pit_fraction``, ten bins of width 0.1, pooled over
-seeds).
+seeds). On the study drawn from the prior the same folds are also scored at the true parameters, with no fit
+(``parameters="true"``, beside ``"map"``): a calibrated predictive there and a narrow one at the MAP place the
+shortfall in the estimated parameters rather than in the predictive computation.
 """
 from __future__ import annotations
 
@@ -125,17 +127,69 @@ PIT_BINS = 10
 
 
 def _gap_study(study: str, seed: int):
-    """(data, spec) of a gap-calibration study (module docstring)."""
+    """(data, spec, true params or None) of a gap-calibration study (module docstring); the sinusoidal design was
+    not drawn from the model, so it has no true parameters."""
     if study == "gp_draws":
         data, truth = data_synth.synthetic_dataset(profile="tiny", n_features=20, duration_scale=2.5, n_factors=2,
                                                    seed=seed, kernel="matern32")
-        return data, truth.spec
+        return data, truth.spec, truth.params
     if study == "sinusoids":
         from data_synth.designs import make_design
 
         data, spec, _ = make_design("small", seed)
-        return data, spec
+        return data, spec, None
     raise ValueError(f"unknown gap-calibration study {study!r}")
+
+
+def true_parameter_scores(data, spec, params, folds: int, seed: int):
+    """The time-blocks folds of :func:`msrm.cross_validate` scored at given (true) parameters, with no fit: per
+    fold, the held-out values are set to NaN, ``GPMSRM(...).predict(params)`` (state space) predicts them, and
+    each gets its PIT, its log predictive density and the naive one (its feature's in-fold mean and sd, pooled
+    over runs, as cross_validate defines them).
+
+    Returns:
+        an object with ``pit`` (DataFrame: ``fold``, ``modality``, ``pit``) and ``folds`` (DataFrame: ``fold``,
+        ``modality``, ``n_heldout``, ``lpd``, ``lpd_naive``), the shapes :func:`gap_scores` and
+        :func:`_lpd_by_position` read.
+    """
+    from types import SimpleNamespace
+
+    import pandas as pd
+    from scipy.stats import norm
+
+    import msrm
+    from msrm.validation import fold_masks
+
+    pit, per_fold = [], []
+    for f, held in enumerate(fold_masks(data, folds, "time_blocks", seed)):
+        runs = []
+        for run, h in zip(data.runs, held):
+            streams = []
+            for st in run.streams:
+                if st.key in h:
+                    values = np.array(st.values)
+                    values[h[st.key]] = np.nan
+                    st = msrm.Stream(st.participant, st.modality, st.dt, values, offset=st.offset)
+                streams.append(st)
+            runs.append(msrm.Run(run.duration, streams))
+        preds = msrm.GPMSRM(msrm.Dataset(runs), spec, linear_algebra="state_space").predict(params)
+        for key in sorted({k for h in held for k in h}):
+            ins = np.concatenate([np.where(h[key] | np.isnan(r.stream(key).values), np.nan, r.stream(key).values)
+                                  for r, h in zip(data.runs, held) if key in h])
+            mu, sd = np.nanmean(ins, axis=0), np.nanstd(ins, axis=0)
+            for r, (run, h, pred) in enumerate(zip(data.runs, held, preds)):
+                if key not in h or not h[key].any():
+                    continue
+                m = h[key]
+                cols = np.nonzero(m)[1]
+                y = run.stream(key).values[m]
+                mean, v = np.asarray(pred[key].mean)[m], np.asarray(pred[key].sd)[m]
+                modality = key.split("/", 1)[1]
+                pit.append(pd.DataFrame({"fold": f, "modality": modality, "pit": norm.cdf((y - mean) / v)}))
+                per_fold.append({"fold": f, "modality": modality, "n_heldout": int(y.size),
+                                 "lpd": float(np.sum(norm.logpdf(y, mean, v))),
+                                 "lpd_naive": float(np.sum(norm.logpdf(y, mu[cols], sd[cols])))})
+    return SimpleNamespace(pit=pd.concat(pit, ignore_index=True), folds=pd.DataFrame(per_fold))
 
 
 def gap_scores(res, n_folds: int) -> tuple[dict, dict]:
@@ -176,8 +230,28 @@ def _lpd_by_position(res, n_folds: int) -> dict:
     return out
 
 
+def _score_rows(res, n_folds: int, common: dict, info, pooled: dict) -> list[dict]:
+    """The score rows of one study, kernel, seed and parameter source (module docstring); collects the PIT
+    values in ``pooled`` for the histograms."""
+    scores, pits = gap_scores(res, n_folds)
+    lpd = _lpd_by_position(res, n_folds)
+    rows = []
+    for (modality, pos), sc in scores.items():
+        where = dict(modality=modality, position=pos, n_heldout=sc["n"], **common)
+        for metric in ("coverage_50", "coverage_90", "mean_sq_z"):
+            rows.append(make_row(NOTEBOOK, "gap_calibration", metric, sc[metric], "1", info=info, **where))
+        model, naive = lpd[(modality, pos)]
+        rows.append(make_row(NOTEBOOK, "gap_calibration", "lpd_per_value", model, "nats", info=info, **where))
+        rows.append(make_row(NOTEBOOK, "gap_calibration", "lpd_naive_per_value", naive, "nats", info=info, **where))
+        key = (common["study"], common["kernel"], common["parameters"], modality, pos)
+        pooled.setdefault(key, []).append(pits[(modality, pos)])
+    return rows
+
+
 def gap_rows(profile: str, *, info=None) -> list[dict]:
-    """Calibration of GP-MAP's predictions across gaps in time, at the run edges and inside (module docstring)."""
+    """Calibration of GP-MAP's predictions across gaps in time, at the run edges and inside (module docstring);
+    on the study drawn from the prior, also at the true parameters (``parameters="true"``: the same folds and
+    predictions with no fit, which separates the predictive machinery from the estimation of the parameters)."""
     import msrm
 
     if profile not in GAP_SIZES:
@@ -193,10 +267,14 @@ def gap_rows(profile: str, *, info=None) -> list[dict]:
         kernels = ("matern32",) if study == "gp_draws" else sz["kernels"]
         for kernel in kernels:
             for seed in sz["seeds"]:
-                data, spec = _gap_study(study, seed)
+                data, spec, true_params = _gap_study(study, seed)
                 spec = dataclasses.replace(spec, kernel=kernel)
                 common = dict(profile=profile, study=study, kernel=kernel, seed=seed, folds=sz["folds"],
-                              method="map", mask="time_blocks", linear_algebra="state_space")
+                              mask="time_blocks", linear_algebra="state_space")
+                if true_params is not None:
+                    res = true_parameter_scores(data, spec, true_params, sz["folds"], seed)
+                    rows += _score_rows(res, sz["folds"], dict(common, parameters="true"), info, pooled)
+                common["parameters"] = "map"
                 t0 = time.perf_counter()
                 try:
                     res = cross_validate(data, spec, method="map", folds=sz["folds"], mask="time_blocks", seed=seed,
@@ -208,25 +286,14 @@ def gap_rows(profile: str, *, info=None) -> list[dict]:
                 rows.append(make_row(NOTEBOOK, "gap_calibration", "converged", 1.0, "1", info=info, **common))
                 rows.append(make_row(NOTEBOOK, "gap_calibration", "wall_s", time.perf_counter() - t0, "s",
                                      info=info, **common))
-                scores, pits = gap_scores(res, sz["folds"])
-                lpd = _lpd_by_position(res, sz["folds"])
-                for (modality, pos), sc in scores.items():
-                    where = dict(modality=modality, position=pos, n_heldout=sc["n"], **common)
-                    for metric in ("coverage_50", "coverage_90", "mean_sq_z"):
-                        rows.append(make_row(NOTEBOOK, "gap_calibration", metric, sc[metric], "1", info=info,
-                                             **where))
-                    model, naive = lpd[(modality, pos)]
-                    rows.append(make_row(NOTEBOOK, "gap_calibration", "lpd_per_value", model, "nats", info=info,
-                                         **where))
-                    rows.append(make_row(NOTEBOOK, "gap_calibration", "lpd_naive_per_value", naive, "nats",
-                                         info=info, **where))
-                    pooled.setdefault((study, kernel, modality, pos), []).append(pits[(modality, pos)])
+                rows += _score_rows(res, sz["folds"], common, info, pooled)
     edges = np.linspace(0.0, 1.0, PIT_BINS + 1)
-    for (study, kernel, modality, pos), parts in pooled.items():
+    for (study, kernel, parameters, modality, pos), parts in pooled.items():
         u = np.concatenate(parts)
         counts, _ = np.histogram(u, bins=edges)
         for b, c in enumerate(counts):
             rows.append(make_row(NOTEBOOK, "gap_calibration", "pit_fraction", float(c) / u.size, "1", info=info,
-                                 profile=profile, study=study, kernel=kernel, modality=modality, position=pos,
-                                 bin=b, bin_lower=float(edges[b]), n_values=int(u.size), seeds=list(sz["seeds"])))
+                                 profile=profile, study=study, kernel=kernel, parameters=parameters,
+                                 modality=modality, position=pos, bin=b, bin_lower=float(edges[b]),
+                                 n_values=int(u.size), seeds=list(sz["seeds"])))
     return rows
