@@ -51,6 +51,17 @@ sd v of each value:
   calibrated Gaussian predictive (a U-shaped histogram: v too small; a hump: v too large; a slope: m biased).
   Kept per value in ``CVResult.pit``.
 
+**Predictive** (GP-MSRM only). ``predictive="plugin"`` (default) scores the posterior predictive at each
+fold's MAP parameters: it holds the latents' uncertainty and the noise but treats the fitted parameters as
+known, so its sd is too small wherever they are uncertain (most visibly inside a gap, where the prediction rests on
+the fitted lengthscales and loadings). ``predictive="laplace"`` integrates over the parameters too: S
+(``predictive_draws``) parameter vectors are drawn from the Laplace approximation at the fold's MAP
+(:func:`msrm.gp.laplace.approximate_posterior`, Gaussian in the unconstrained space), each gives a predictive
+mean ``m_s`` and sd ``v_s``, and the value is scored under the Gaussian with the mixture's mean and variance,
+``m = mean_s m_s`` and ``v^2 = mean_s v_s^2 + var_s m_s`` (the law of total variance). ``params=`` scores
+predictions at given parameters with no fit (e.g. the true parameters of a simulation): comparing it with the
+fitted predictive separates the predictive computation from the estimation of the parameters.
+
 **Modalities.** A modality's values have their own units and noise (brain features, ratings, physiology), so
 scores are pooled over streams and folds only within a modality (``CVResult.by_modality``): ``r2`` there is
 ``1 - sum SSE / sum SST`` and the coverages are fractions of all the modality's held-out values.
@@ -74,9 +85,11 @@ import numpy as np
 from .data import Dataset, Run, Stream
 from .spec import ModelSpec
 
-__all__ = ["cross_validate", "CVResult", "NotConvergedError", "fold_masks", "METHODS", "MASKS", "FOLD_COLUMNS"]
+__all__ = ["cross_validate", "CVResult", "NotConvergedError", "fold_masks", "masked", "METHODS", "MASKS",
+           "PREDICTIVES", "FOLD_COLUMNS"]
 
 METHODS = ("rmsrm", "map")
+PREDICTIVES = ("plugin", "laplace")
 MASKS = ("time_blocks", "features")
 # every window must hold this many samples of each stream it holds out (R^2 needs a spread of held-out values)
 MIN_BLOCK_SAMPLES = 2
@@ -108,7 +121,8 @@ class CVResult:
         pit: pandas DataFrame, one row per held-out value: ``fold``, ``run``, ``stream``, ``modality``,
             ``feature`` (column of the stream), ``pit`` (``Phi((y - m) / v)``).
         converged: (n_folds,) bool, whether each fold's fit converged.
-        method, mask, n_folds, n_factors, seed, require_converged: the settings.
+        method, mask, n_folds, n_factors, seed, require_converged, predictive: the settings (``predictive`` is
+            ``"fixed"`` when ``params`` were given).
         fit_seconds: (n_folds,) wall seconds of each fold's fit and prediction.
         execution_info: ``msrm.runtime.execution_info()``.
     """
@@ -125,6 +139,7 @@ class CVResult:
     seed: int
     require_converged: bool
     fit_seconds: np.ndarray
+    predictive: str = "plugin"
     execution_info: dict = field(default_factory=dict)
 
     def _single(self, column: str) -> float:
@@ -169,6 +184,24 @@ def _check(data, spec, method, folds, mask, seed) -> None:
         raise ValueError(f"folds must be an integer >= 2, got {folds!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+
+
+def _check_predictive(method, predictive, draws, params) -> None:
+    if predictive not in PREDICTIVES:
+        raise ValueError(f"predictive must be one of {PREDICTIVES}, got {predictive!r}")
+    if isinstance(draws, bool) or not isinstance(draws, (int, np.integer)) or draws < 2:
+        raise ValueError(f"predictive_draws must be an integer >= 2, got {draws!r}")
+    if method != "map" and (predictive != "plugin" or params is not None):
+        what = "params" if params is not None else f"predictive={predictive!r}"
+        raise ValueError(f"{what} needs method='map' (GP-MSRM); R-MSRM is a point estimate with no posterior")
+    if params is not None:
+        from .params import Params
+
+        if not isinstance(params, Params):
+            raise ValueError(f"params must be msrm.Params (GP-MSRM parameters), got {type(params).__name__}")
+        if predictive != "plugin":
+            raise ValueError("params fixes the parameters, so there is no parameter uncertainty to integrate: "
+                             "pass predictive='plugin' with params")
 
 
 def _windows(stream: Stream, duration: float, folds: int) -> np.ndarray:
@@ -234,7 +267,9 @@ def fold_masks(data: Dataset, folds: int, mask: str = "time_blocks", seed: int =
     return out
 
 
-def _masked(data: Dataset, held: list[dict]) -> Dataset:
+def masked(data: Dataset, held: list[dict]) -> Dataset:
+    """``data`` with the values of one fold (a list over runs of ``{stream key: (n, F) bool}``, True where held
+    out: one element of :func:`fold_masks`) set to NaN; the other streams are shared, not copied."""
     runs = []
     for run, h in zip(data.runs, held):
         streams = []
@@ -258,23 +293,44 @@ def _inside(theta: dict, response) -> dict:
     return out
 
 
-def _fit_predict(masked: Dataset, spec: ModelSpec, method: str, seed: int, model_kwargs: dict, init,
-                 fit_kwargs: dict) -> tuple[list[dict], bool, str]:
+class _Pooled:
+    """A predictive Gaussian (``mean``, ``sd``: (n_samples, n_features)) scored like a ``Prediction``."""
+
+    def __init__(self, mean, sd):
+        self.mean, self.sd = mean, sd
+
+
+def _laplace_predict(model, mode, draws: int, seed: int) -> list[dict]:
+    """Per run, stream key -> the predictive pooled over ``draws`` Laplace draws at ``mode`` (module docstring,
+    Predictive): ``Posterior.predict`` pools the per-draw means and sds by the law of total variance."""
+    from .gp.laplace import approximate_posterior
+
+    post = approximate_posterior(model, init=mode, num_samples=draws, seed=seed, log_density_draws=False,
+                                 diagnostics=False)
+    return [{key: _Pooled(ds["mean"].values, ds["sd"].values) for key, ds in run.items()}
+            for run in post.predict(thin=1, progress=False)]
+
+
+def _fit_predict(masked_data: Dataset, spec: ModelSpec, method: str, seed: int, model_kwargs: dict, init,
+                 fit_kwargs: dict, predictive: str = "plugin", draws: int = 100,
+                 params=None) -> tuple[list[dict], bool, str]:
     """Fit one fold's masked data. Returns its predictions (per run, stream key -> Prediction), whether the fit
-    converged, and a sentence on how it stopped (for the refusal)."""
+    converged, and a sentence on how it stopped (for the refusal). With ``params`` nothing is fitted."""
     from . import rmsrm
 
     if method == "rmsrm":
-        fit = rmsrm.fit_rmsrm(masked, spec, **{"progress": False, "seed": seed, **fit_kwargs})
+        fit = rmsrm.fit_rmsrm(masked_data, spec, **{"progress": False, "seed": seed, **fit_kwargs})
         how = (f"{fit.n_iter} iterations, max_iter={fit.settings.get('max_iter')} per phase, "
                f"tol={fit.settings.get('tol')}")
-        return fit.predict(masked), bool(fit.converged), how
+        return fit.predict(masked_data), bool(fit.converged), how
     from .gp.model import GPMSRM
 
-    model = GPMSRM(masked, spec, **model_kwargs)
+    model = GPMSRM(masked_data, spec, **model_kwargs)
+    if params is not None:
+        return model.predict(params), True, "fixed parameters, no fit"
     start = None
     if init == "rmsrm":
-        rf = rmsrm.fit_rmsrm(masked, spec, restarts=1, max_iter=50, n_jobs=1, progress=False, seed=seed)
+        rf = rmsrm.fit_rmsrm(masked_data, spec, restarts=1, max_iter=50, n_jobs=1, progress=False, seed=seed)
         p = rf.params
         response = {k: _inside(v, spec.response(k.split("/")[-1])) for k, v in p.response.items()}
         start = p.replace(response=response)
@@ -283,6 +339,8 @@ def _fit_predict(masked: Dataset, spec: ModelSpec, method: str, seed: int, model
     result = model.fit_map(**{"init": start, "seed": seed, "progress": False, **fit_kwargs})
     d = result.diagnostics or {}
     how = f"{d.get('iterations')} iterations, maxiter={d.get('maxiter')}: {d.get('message')}"
+    if predictive == "laplace" and result.converged:
+        return _laplace_predict(model, result, draws, seed), True, how
     return model.predict(result.params), bool(result.converged), how
 
 
@@ -405,7 +463,7 @@ def _pit_frame(parts: list[dict]):
 
 def cross_validate(data: Dataset, spec: ModelSpec, method: str = "rmsrm", folds: int = 5, mask: str = "time_blocks",
                    seed: int = 0, *, model_kwargs: dict | None = None, init="rmsrm", require_converged: bool = True,
-                   **fit_kwargs) -> CVResult:
+                   predictive: str = "plugin", predictive_draws: int = 100, params=None, **fit_kwargs) -> CVResult:
     """K-fold cross-validation by masking (module docstring).
 
     Args:
@@ -421,6 +479,13 @@ def cross_validate(data: Dataset, spec: ModelSpec, method: str = "rmsrm", folds:
             a start accepted by ``fit_map``.
         require_converged: True (default): refuse a fold whose fit did not converge (:class:`NotConvergedError`,
             raised as soon as that fold is fitted); False: score it, with ``converged=False`` in its rows.
+        predictive: ``"map"`` only: ``"plugin"`` (the predictive at the MAP parameters) or ``"laplace"``
+            (parameter uncertainty integrated over ``predictive_draws`` draws of the Laplace approximation at
+            each fold's MAP; module docstring, Predictive). A fold that did not converge has no mode to expand
+            about and is scored (when ``require_converged`` is False) with its plug-in predictive.
+        predictive_draws: S, the Laplace draws per fold (an integer >= 2).
+        params: ``"map"`` only: score every fold at these :class:`msrm.Params` (e.g. a simulation's true
+            parameters) with no fit; ``init``, ``predictive`` and the fit keywords are then unused.
         **fit_kwargs: passed to ``fit_rmsrm`` (e.g. ``restarts``, ``max_iter``, ``n_jobs``) or to ``fit_map``
             (e.g. ``maxiter``).
     Returns:
@@ -428,6 +493,8 @@ def cross_validate(data: Dataset, spec: ModelSpec, method: str = "rmsrm", folds:
     Raises:
         ValueError: bad input (see :func:`fold_masks`), before any fit.
         NotConvergedError: a fold's fit did not converge and ``require_converged`` is True.
+        msrm.gp.laplace.NotPositiveDefiniteError: ``predictive="laplace"`` and a fold's Hessian at its MAP is
+            not positive definite (a saddle or a direction the fold's data do not determine).
     """
     import pandas as pd
 
@@ -436,12 +503,14 @@ def cross_validate(data: Dataset, spec: ModelSpec, method: str = "rmsrm", folds:
     _check(data, spec, method, folds, mask, seed)
     if not isinstance(require_converged, (bool, np.bool_)):
         raise ValueError(f"require_converged must be True or False, got {require_converged!r}")
+    _check_predictive(method, predictive, predictive_draws, params)
     masks = fold_masks(data, int(folds), mask, int(seed))  # every refusal before any fit
     model_kwargs = dict(model_kwargs or {})
     rows, pit, seconds, converged = [], [], [], []
     for f, held in enumerate(masks):
         t0 = time.perf_counter()
-        preds, ok, how = _fit_predict(_masked(data, held), spec, method, int(seed), model_kwargs, init, fit_kwargs)
+        preds, ok, how = _fit_predict(masked(data, held), spec, method, int(seed), model_kwargs, init, fit_kwargs,
+                                      predictive, int(predictive_draws), params)
         seconds.append(time.perf_counter() - t0)
         if not ok and require_converged:
             name = "R-MSRM (fit_rmsrm)" if method == "rmsrm" else "GP-MAP (fit_map)"
@@ -463,4 +532,5 @@ def cross_validate(data: Dataset, spec: ModelSpec, method: str = "rmsrm", folds:
     return CVResult(folds=table, summary=summary, by_modality=by_modality, pit=_pit_frame(pit),
                     converged=np.array(converged, dtype=bool), method=method, mask=mask, n_folds=int(folds),
                     n_factors=spec.n_factors, seed=int(seed), require_converged=bool(require_converged),
-                    fit_seconds=np.array(seconds), execution_info=execution_info())
+                    fit_seconds=np.array(seconds), execution_info=execution_info(),
+                    predictive="fixed" if params is not None else predictive)

@@ -11,7 +11,7 @@ from scipy.stats import norm
 
 import data_synth
 import msrm
-from msrm.validation import NotConvergedError, _masked, _scores, cross_validate, fold_masks
+from msrm.validation import NotConvergedError, _scores, cross_validate, fold_masks, masked
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_scores_equal_brute_force_from_the_fold_fits(study):
     assert list(res.folds.columns[:4]) == ["fold", "stream", "modality", "n_heldout"]
     f, key = 2, "p2/brain"
     held = fold_masks(data, 4, "features")[f]
-    fit = msrm.fit_rmsrm(_masked(data, held), truth.spec, restarts=1, n_jobs=1, max_iter=40, progress=False)
+    fit = msrm.fit_rmsrm(masked(data, held), truth.spec, restarts=1, n_jobs=1, max_iter=40, progress=False)
     y, mu, sd = [], [], []
     for r, run in enumerate(data.runs):
         m = held[r][key]
@@ -141,8 +141,8 @@ def test_masks_hold_out_only_observed_values():
                     s = run.stream(key)
                     assert not (h & np.isnan(s.values)).any()
                     assert h.any()
-        masked = _masked(data, fold_masks(data, 3, mask)[1])
-        assert masked.n_observed == data.n_observed - sum(int(h.sum()) for h in
+        fold_data = masked(data, fold_masks(data, 3, mask)[1])
+        assert fold_data.n_observed == data.n_observed - sum(int(h.sum()) for h in
                                                           (m for held in fold_masks(data, 3, mask)[1]
                                                            for m in held.values()))
 
@@ -365,3 +365,95 @@ def test_a_map_fit_stopped_by_maxiter_is_refused():
     with pytest.raises(NotConvergedError, match=r"GP-MAP \(fit_map\) fit of fold 0 of 2 did not converge .*maxiter=5"):
         cross_validate(data, truth.spec, method="map", folds=2, mask="features", maxiter=5,
                        model_kwargs={"method": "native"})
+
+
+# ------------------------------------------------------------------------- fixed parameters and the Laplace predictive
+def _scored_by_hand(data, held, preds):
+    """Per stream key: (summed log N(y; m, v^2), count) of the held-out values of one fold."""
+    out = {}
+    for run, h, pred in zip(data.runs, held, preds):
+        for key, m in h.items():
+            y = run.stream(key).values[m]
+            lp = norm.logpdf(y, np.asarray(pred[key].mean)[m], np.asarray(pred[key].sd)[m]).sum()
+            a, n = out.get(key, (0.0, 0))
+            out[key] = (a + lp, n + y.size)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gp_study():
+    msrm.runtime.enable_x64()
+    return data_synth.synthetic_dataset("tiny", n_features=5, seed=2, n_runs=1, n_factors=1)
+
+
+def test_fixed_parameters_score_the_predictions_of_those_parameters(gp_study):
+    """params=: each fold's held-out values, set to NaN by hand, predicted by GPMSRM at the given parameters and
+    scored with scipy equal the table's lpd; nothing is fitted (every fold 'converged')."""
+    data, truth = gp_study
+    res = cross_validate(data, truth.spec, method="map", folds=3, mask="time_blocks", params=truth.params,
+                         model_kwargs={"linear_algebra": "state_space"})
+    assert res.predictive == "fixed" and res.converged.all()
+    for f, held in enumerate(fold_masks(data, 3, "time_blocks")):
+        runs = []
+        for run, h in zip(data.runs, held):
+            streams = []
+            for st in run.streams:
+                values = np.array(st.values)
+                if st.key in h:
+                    values[h[st.key]] = np.nan
+                streams.append(msrm.Stream(st.participant, st.modality, st.dt, values, offset=st.offset))
+            runs.append(msrm.Run(run.duration, streams))
+        preds = msrm.GPMSRM(msrm.Dataset(runs), truth.spec, linear_algebra="dense").predict(truth.params)
+        table = res.folds[res.folds.fold == f].set_index("stream")
+        for key, (lp, n) in _scored_by_hand(data, held, preds).items():
+            assert table.loc[key, "n_heldout"] == n
+            assert table.loc[key, "lpd"] == pytest.approx(lp, rel=1e-9)
+
+
+def test_laplace_predictive_pools_the_laplace_draws_by_the_law_of_total_variance(gp_study):
+    """predictive="laplace": the same MAP fit per fold (same start), the Laplace draws of approximate_posterior
+    with the same seed, each draw's prediction by GPMSRM.predict, pooled by hand (mean of means; mean variance plus
+    the variance of the means, divisor S) and scored with scipy, equal the table's lpd. The pooled sd is never
+    below the plug-in sd's mean-square (the added variance of the means is >= 0)."""
+    from msrm.gp.laplace import approximate_posterior
+
+    data, truth = gp_study
+    kw = dict(method="map", folds=2, mask="time_blocks", seed=4, init=truth.params,
+              model_kwargs={"linear_algebra": "state_space"})
+    res = cross_validate(data, truth.spec, predictive="laplace", predictive_draws=6, **kw)
+    plug = cross_validate(data, truth.spec, **kw)
+    assert res.predictive == "laplace" and plug.predictive == "plugin"
+    for f, held in enumerate(fold_masks(data, 2, "time_blocks", 4)):
+        model = msrm.GPMSRM(masked(data, held), truth.spec, linear_algebra="state_space")
+        mode = model.fit_map(init=truth.params, seed=4, progress=False)
+        post = approximate_posterior(model, init=mode, num_samples=6, seed=4, log_density_draws=False,
+                                     diagnostics=False)
+        draws = [model.predict(model.constrain(u)) for u in np.asarray(post.draws_u)[0]]
+        pooled = []
+        for r, run in enumerate(draws[0]):
+            out = {}
+            for key in run:
+                means = np.stack([d[r][key].mean for d in draws])
+                var = np.mean(np.stack([d[r][key].sd for d in draws]) ** 2, axis=0) + means.var(axis=0)
+                out[key] = type("P", (), {"mean": means.mean(axis=0), "sd": np.sqrt(var)})
+            pooled.append(out)
+        table = res.folds[res.folds.fold == f].set_index("stream")
+        for key, (lp, n) in _scored_by_hand(data, held, pooled).items():
+            assert table.loc[key, "lpd"] == pytest.approx(lp, rel=1e-9)
+    assert np.isfinite(res.folds.lpd).all() and not res.folds.lpd.equals(plug.folds.lpd)
+
+
+def test_predictive_settings_are_checked_before_any_fit(gp_study):
+    data, truth = gp_study
+    with pytest.raises(ValueError, match="predictive must be one of"):
+        cross_validate(data, truth.spec, method="map", predictive="nuts")
+    with pytest.raises(ValueError, match="predictive_draws must be an integer >= 2"):
+        cross_validate(data, truth.spec, method="map", predictive="laplace", predictive_draws=1)
+    with pytest.raises(ValueError, match="predictive='laplace' needs method='map'"):
+        cross_validate(data, truth.spec, method="rmsrm", predictive="laplace")
+    with pytest.raises(ValueError, match="params needs method='map'"):
+        cross_validate(data, truth.spec, method="rmsrm", params=truth.params)
+    with pytest.raises(ValueError, match="params must be msrm.Params"):
+        cross_validate(data, truth.spec, method="map", params={"loadings": 1})
+    with pytest.raises(ValueError, match="no parameter uncertainty to integrate"):
+        cross_validate(data, truth.spec, method="map", params=truth.params, predictive="laplace")

@@ -54,22 +54,3 @@ def test_lpd_by_position_sums_per_value():
 def test_gap_rows_refuse_an_unknown_profile():
     with pytest.raises(ValueError, match="profile"):
         mc.gap_rows("huge", info={})
-
-
-def test_true_parameter_scores_use_the_cross_validation_folds_and_naive_baseline():
-    """Held-out counts and the naive in-fold log density per (fold, modality) equal those msrm.cross_validate
-    computes for the same time-blocks folds (its own masking and in-fold moments)."""
-    import data_synth
-    import msrm
-
-    msrm.runtime.enable_x64()
-    data, truth = data_synth.synthetic_dataset(profile="tiny", n_features=6, n_factors=2, seed=1)
-    ours = mc.true_parameter_scores(data, truth.spec, truth.params, 3, 0).folds
-    cv = msrm.cross_validate(data, truth.spec, method="rmsrm", folds=3, mask="time_blocks", seed=0,
-                             restarts=1, max_iter=100, progress=False).folds
-    a = ours.groupby(["fold", "modality"])[["n_heldout", "lpd_naive"]].sum()
-    b = cv.groupby(["fold", "modality"])[["n_heldout", "lpd_naive"]].sum()
-    assert a.index.equals(b.index)
-    np.testing.assert_array_equal(a["n_heldout"].to_numpy(), b["n_heldout"].to_numpy())
-    np.testing.assert_allclose(a["lpd_naive"].to_numpy(), b["lpd_naive"].to_numpy(), rtol=1e-12)
-    assert np.all(np.isfinite(ours["lpd"]))

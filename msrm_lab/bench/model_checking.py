@@ -27,7 +27,10 @@ the naive predictive's (each feature's in-fold mean and sd), and the mean square
 (study, kernel, modality, position) the PIT histogram (``pit_fraction``, ten bins of width 0.1, pooled over
 seeds). On the study drawn from the prior the same folds are also scored at the true parameters, with no fit
 (``parameters="true"``, beside ``"map"``): a calibrated predictive there and a narrow one at the MAP place the
-shortfall in the estimated parameters rather than in the predictive computation.
+shortfall in the estimated parameters rather than in the predictive computation. Every study is also scored with
+the parameters' uncertainty integrated (``parameters="laplace"``: cross_validate's ``predictive="laplace"``, draws
+of the Laplace approximation at each fold's MAP), which says how much of that shortfall the parameters' local
+Gaussian uncertainty accounts for.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from msrm.validation import NotConvergedError, cross_validate
 
 from .rows import make_row
 
-__all__ = ["SIZES", "GAP_SIZES", "NOTEBOOK", "choose_k_rows", "gap_rows", "gap_scores"]
+__all__ = ["SIZES", "GAP_SIZES", "NOTEBOOK", "choose_k_rows", "gap_rows", "gap_scores", "PARAMETER_SOURCES"]
 
 NOTEBOOK = "model_checking"
 # the modality the features mask holds out in these studies (the only one with at least ``folds`` features)
@@ -118,10 +121,13 @@ def choose_k_rows(profile: str, *, info=None, n_jobs: int | None = 1) -> list[di
 # the gap-calibration studies per profile: seeds, folds (time windows per run) and the kernels fitted to the
 # sinusoidal design (the GP-draw study is fitted with the kernel it was drawn from)
 GAP_SIZES = {
-    "smoke": dict(seeds=(0,), folds=3, kernels=("matern32",), studies=("sinusoids",)),
-    "quick": dict(seeds=(0,), folds=4, kernels=("matern32",), studies=("gp_draws", "sinusoids")),
-    "note": dict(seeds=(0, 1, 2), folds=5, kernels=("matern32", "matern72"), studies=("gp_draws", "sinusoids")),
+    "smoke": dict(seeds=(0,), folds=3, kernels=("matern32",), studies=("sinusoids",), laplace_draws=20),
+    "quick": dict(seeds=(0,), folds=4, kernels=("matern32",), studies=("gp_draws", "sinusoids"), laplace_draws=50),
+    "note": dict(seeds=(0, 1, 2), folds=5, kernels=("matern32", "matern72"), studies=("gp_draws", "sinusoids"),
+                 laplace_draws=100),
 }
+# the fitted predictives scored per study: (``parameters`` in the rows, cross_validate's ``predictive``)
+PARAMETER_SOURCES = (("map", "plugin"), ("laplace", "laplace"))
 GAP_SIZES["full"] = GAP_SIZES["note"]
 PIT_BINS = 10
 
@@ -139,57 +145,6 @@ def _gap_study(study: str, seed: int):
         data, spec, _ = make_design("small", seed)
         return data, spec, None
     raise ValueError(f"unknown gap-calibration study {study!r}")
-
-
-def true_parameter_scores(data, spec, params, folds: int, seed: int):
-    """The time-blocks folds of :func:`msrm.cross_validate` scored at given (true) parameters, with no fit: per
-    fold, the held-out values are set to NaN, ``GPMSRM(...).predict(params)`` (state space) predicts them, and
-    each gets its PIT, its log predictive density and the naive one (its feature's in-fold mean and sd, pooled
-    over runs, as cross_validate defines them).
-
-    Returns:
-        an object with ``pit`` (DataFrame: ``fold``, ``modality``, ``pit``) and ``folds`` (DataFrame: ``fold``,
-        ``modality``, ``n_heldout``, ``lpd``, ``lpd_naive``), the shapes :func:`gap_scores` and
-        :func:`_lpd_by_position` read.
-    """
-    from types import SimpleNamespace
-
-    import pandas as pd
-    from scipy.stats import norm
-
-    import msrm
-    from msrm.validation import fold_masks
-
-    pit, per_fold = [], []
-    for f, held in enumerate(fold_masks(data, folds, "time_blocks", seed)):
-        runs = []
-        for run, h in zip(data.runs, held):
-            streams = []
-            for st in run.streams:
-                if st.key in h:
-                    values = np.array(st.values)
-                    values[h[st.key]] = np.nan
-                    st = msrm.Stream(st.participant, st.modality, st.dt, values, offset=st.offset)
-                streams.append(st)
-            runs.append(msrm.Run(run.duration, streams))
-        preds = msrm.GPMSRM(msrm.Dataset(runs), spec, linear_algebra="state_space").predict(params)
-        for key in sorted({k for h in held for k in h}):
-            ins = np.concatenate([np.where(h[key] | np.isnan(r.stream(key).values), np.nan, r.stream(key).values)
-                                  for r, h in zip(data.runs, held) if key in h])
-            mu, sd = np.nanmean(ins, axis=0), np.nanstd(ins, axis=0)
-            for r, (run, h, pred) in enumerate(zip(data.runs, held, preds)):
-                if key not in h or not h[key].any():
-                    continue
-                m = h[key]
-                cols = np.nonzero(m)[1]
-                y = run.stream(key).values[m]
-                mean, v = np.asarray(pred[key].mean)[m], np.asarray(pred[key].sd)[m]
-                modality = key.split("/", 1)[1]
-                pit.append(pd.DataFrame({"fold": f, "modality": modality, "pit": norm.cdf((y - mean) / v)}))
-                per_fold.append({"fold": f, "modality": modality, "n_heldout": int(y.size),
-                                 "lpd": float(np.sum(norm.logpdf(y, mean, v))),
-                                 "lpd_naive": float(np.sum(norm.logpdf(y, mu[cols], sd[cols])))})
-    return SimpleNamespace(pit=pd.concat(pit, ignore_index=True), folds=pd.DataFrame(per_fold))
 
 
 def gap_scores(res, n_folds: int) -> tuple[dict, dict]:
@@ -271,22 +226,25 @@ def gap_rows(profile: str, *, info=None) -> list[dict]:
                 spec = dataclasses.replace(spec, kernel=kernel)
                 common = dict(profile=profile, study=study, kernel=kernel, seed=seed, folds=sz["folds"],
                               mask="time_blocks", linear_algebra="state_space")
+                cv = dict(method="map", folds=sz["folds"], mask="time_blocks", seed=seed,
+                          model_kwargs=dict(linear_algebra="state_space"))
                 if true_params is not None:
-                    res = true_parameter_scores(data, spec, true_params, sz["folds"], seed)
+                    res = cross_validate(data, spec, params=true_params, **cv)
                     rows += _score_rows(res, sz["folds"], dict(common, parameters="true"), info, pooled)
-                common["parameters"] = "map"
-                t0 = time.perf_counter()
-                try:
-                    res = cross_validate(data, spec, method="map", folds=sz["folds"], mask="time_blocks", seed=seed,
-                                         model_kwargs=dict(linear_algebra="state_space"))
-                except NotConvergedError as exc:
-                    rows.append(make_row(NOTEBOOK, "gap_calibration", "converged", 0.0, "1", info=info,
-                                         reason=str(exc), **common))
-                    continue
-                rows.append(make_row(NOTEBOOK, "gap_calibration", "converged", 1.0, "1", info=info, **common))
-                rows.append(make_row(NOTEBOOK, "gap_calibration", "wall_s", time.perf_counter() - t0, "s",
-                                     info=info, **common))
-                rows += _score_rows(res, sz["folds"], common, info, pooled)
+                for parameters, predictive in PARAMETER_SOURCES:
+                    common["parameters"] = parameters
+                    t0 = time.perf_counter()
+                    try:
+                        res = cross_validate(data, spec, predictive=predictive,
+                                             predictive_draws=sz["laplace_draws"], **cv)
+                    except NotConvergedError as exc:
+                        rows.append(make_row(NOTEBOOK, "gap_calibration", "converged", 0.0, "1", info=info,
+                                             reason=str(exc), **common))
+                        break
+                    rows.append(make_row(NOTEBOOK, "gap_calibration", "converged", 1.0, "1", info=info, **common))
+                    rows.append(make_row(NOTEBOOK, "gap_calibration", "wall_s", time.perf_counter() - t0, "s",
+                                         info=info, **common))
+                    rows += _score_rows(res, sz["folds"], common, info, pooled)
     edges = np.linspace(0.0, 1.0, PIT_BINS + 1)
     for (study, kernel, parameters, modality, pos), parts in pooled.items():
         u = np.concatenate(parts)
