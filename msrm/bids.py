@@ -428,6 +428,47 @@ def load(
         raise FileNotFoundError(f"BIDS root {root} is not a folder")
     if not isinstance(task, str) or not task or not task.isalnum():
         raise ValueError(f"task must be a BIDS label (letters and digits, without 'task-'), got {task!r}")
+    sources = _parse_modalities(modalities)
+    all_sources = [s for ss in sources.values() for s in ss]
+    conf_names = _check_volume_options(all_sources, masker, confounds, scrub)
+    rates = _check_rates(physio_rate, sources)
+    if event_rate is not None:
+        if isinstance(event_rate, bool) or not isinstance(event_rate, (int, float)) or \
+                not (math.isfinite(event_rate) and event_rate > 0):
+            raise ValueError(f"event_rate must be a finite number of Hz > 0, got {event_rate!r}")
+    deriv = _derivative_roots(root, derivatives)
+    index, found_subjects = _index_task(root, deriv, task)
+    subs = _pick_subjects(subjects, found_subjects, root, task)
+    located, runs_of, by_subject = _locate(index, subs, all_sources)
+    run_keys = sorted({rk for s in subs for rk in runs_of[s]}, key=_run_sort)
+    if not run_keys:
+        wanted = ", ".join(s.text for s in all_sources)
+        raise FileNotFoundError(f"{root}: task {task!r} has files, but none for the sources {wanted} "
+                                f"(subjects {subs})")
+    # read every piece; nothing is returned before all are read and validated
+    pieces = _read_pieces(run_keys, subs, runs_of, sources, located, by_subject, masker, conf_names, scrub, rates,
+                          event_rate)
+    runs = []
+    for rk in run_keys:
+        subs_here = [s for s in subs if rk in runs_of[s]]
+        plist = [p for s in subs_here for ps in pieces[(rk, s)].values() for p in ps]
+        vol = [p for p in plist if p.volumes]
+        duration = max(p.end() for p in (vol or plist))
+        if not (duration > 0):
+            raise ValueError(f"{_run_name(rk)}: no sample after the first volume's onset in any file "
+                             f"({[str(p.path) for p in plist]}); the run has no duration")
+        streams = [_stream(sub, rk, mod, ps, duration, event_rate)
+                   for sub in subs_here for mod, ps in pieces[(rk, sub)].items()]
+        try:
+            runs.append(Run(duration=duration, streams=streams))
+        except ValueError as e:
+            raise ValueError(f"{_run_name(rk)} of task {task!r}: {e}") from None
+    return Dataset(runs)
+
+
+def _parse_modalities(modalities) -> dict[str, list[_Source]]:
+    """Check ``modalities`` (modality name -> source string or list/tuple of them) and parse it into modality name
+    -> its sources, in the given order."""
     if not isinstance(modalities, Mapping) or not modalities:
         raise ValueError("modalities must be a non-empty mapping of modality name -> source string(s)")
     sources: dict[str, list[_Source]] = {}
@@ -438,7 +479,12 @@ def load(
         if not items:
             raise ValueError(f"modality {mod!r}: give a source string or a non-empty list of them, got {spec!r}")
         sources[mod] = [_parse_source(s, mod) for s in items]
-    all_sources = [s for ss in sources.values() for s in ss]
+    return sources
+
+
+def _check_volume_options(all_sources: list[_Source], masker, confounds, scrub) -> list[str]:
+    """Check ``masker`` (needed by 'bold' sources), ``confounds`` and ``scrub`` (which need a 'bold' or
+    'timeseries:' source); returns the confound names or patterns (a single string becomes a list of one)."""
     has_bold = any(s.kind == "bold" for s in all_sources)
     has_volumes = any(s.kind in ("bold", "timeseries") for s in all_sources)
     if has_bold and masker is None:
@@ -457,21 +503,25 @@ def load(
             raise ValueError(f"scrub must be a framewise-displacement threshold in mm (> 0), got {scrub!r}")
     if (conf_names or scrub is not None) and not has_volumes:
         raise ValueError("confounds= and scrub= apply to 'bold' and 'timeseries:' sources; modalities has none")
-    rates = _check_rates(physio_rate, sources)
-    if event_rate is not None:
-        if isinstance(event_rate, bool) or not isinstance(event_rate, (int, float)) or \
-                not (math.isfinite(event_rate) and event_rate > 0):
-            raise ValueError(f"event_rate must be a finite number of Hz > 0, got {event_rate!r}")
+    return conf_names
+
+
+def _derivative_roots(root: Path, derivatives) -> list[Path]:
+    """The derivatives dataset folders searched besides ``root``: the given ones (each must be a folder), or by
+    default every ``root/derivatives/*/`` holding a ``dataset_description.json``, sorted."""
     if derivatives is None:
         dd = root / "derivatives"
-        deriv = sorted(p for p in dd.iterdir() if (p / "dataset_description.json").is_file()) if dd.is_dir() else []
-    else:
-        deriv = [Path(d) for d in ([derivatives] if isinstance(derivatives, (str, Path)) else derivatives)]
-        for d in deriv:
-            if not d.is_dir():
-                raise FileNotFoundError(f"derivatives folder {d} is not a folder")
+        return sorted(p for p in dd.iterdir() if (p / "dataset_description.json").is_file()) if dd.is_dir() else []
+    deriv = [Path(d) for d in ([derivatives] if isinstance(derivatives, (str, Path)) else derivatives)]
+    for d in deriv:
+        if not d.is_dir():
+            raise FileNotFoundError(f"derivatives folder {d} is not a folder")
+    return deriv
 
-    # index: (path, dataset root, entities, suffix, ext) of every file of the task
+
+def _index_task(root: Path, deriv: list[Path], task: str) -> tuple[list[tuple], list[str]]:
+    """``(index, subjects)``: a row ``(path, dataset root, entities, suffix, ext)`` for every file of the task under
+    ``root`` and the derivatives folders, sorted by path, and the subject labels found (natural order)."""
     index = []
     for base in [root, *deriv]:
         for pattern in ("sub-*/*/*", "sub-*/ses-*/*/*"):
@@ -487,18 +537,29 @@ def load(
     if not index:
         raise FileNotFoundError(f"{root}: no files for task {task!r} (looked for sub-*/[ses-*/]<datatype>/"
                                 f"*_task-{task}_* under {', '.join(str(b) for b in [root, *deriv])})")
-    if subjects is None:
-        subs = found_subjects
-    else:
-        if isinstance(subjects, str):
-            subjects = [subjects]
-        subs = [s[4:] if isinstance(s, str) and s.startswith("sub-") else s for s in subjects]
-        for s in subs:
-            if not isinstance(s, str) or s not in found_subjects:
-                raise ValueError(f"{root}: subject {s!r} has no files for task {task!r}; subjects with files: "
-                                 f"{found_subjects}")
+    return index, found_subjects
 
-    # locate one file per (subject, run, source)
+
+def _pick_subjects(subjects, found_subjects: list[str], root: Path, task: str) -> list[str]:
+    """The subject labels to read (without ``sub-``): every one found when ``subjects`` is None, else the given
+    ones, each of which must have files for the task."""
+    if subjects is None:
+        return found_subjects
+    if isinstance(subjects, str):
+        subjects = [subjects]
+    subs = [s[4:] if isinstance(s, str) and s.startswith("sub-") else s for s in subjects]
+    for s in subs:
+        if not isinstance(s, str) or s not in found_subjects:
+            raise ValueError(f"{root}: subject {s!r} has no files for task {task!r}; subjects with files: "
+                             f"{found_subjects}")
+    return subs
+
+
+def _locate(index: list[tuple], subs: list[str], all_sources: list[_Source]) -> tuple[dict, dict, dict]:
+    """Find the one file of every (subject, run, source): returns ``located`` ((subject, run key) -> source ->
+    (path, dataset root)), ``runs_of`` (subject -> its run keys) and ``by_subject`` (subject -> its index rows).
+    Raises when a source matches several files of a run, or when a run of a subject lacks a file for a source
+    that another source of that run has."""
     located: dict[tuple[str, tuple], dict[_Source, tuple[Path, Path]]] = {}
     runs_of: dict[str, set[tuple]] = {s: set() for s in subs}
     by_subject: dict[str, list] = {}
@@ -526,13 +587,14 @@ def load(
                     raise ValueError(f"sub-{sub} {_run_name(rk)}: no file for modality {src.modality!r} "
                                      f"(source {src.text!r}, a *_{src.suffix}{_KINDS[src.kind][1][0]} file) while "
                                      f"other modalities have one, e.g. {other}")
-    run_keys = sorted({rk for s in subs for rk in runs_of[s]}, key=_run_sort)
-    if not run_keys:
-        wanted = ", ".join(s.text for s in all_sources)
-        raise FileNotFoundError(f"{root}: task {task!r} has files, but none for the sources {wanted} "
-                                f"(subjects {subs})")
+    return located, runs_of, by_subject
 
-    # read every piece; nothing is returned before all are read and validated
+
+def _read_pieces(run_keys, subs, runs_of, sources, located, by_subject, masker, conf_names, scrub, rates,
+                 event_rate) -> dict[tuple[tuple, str], dict[str, list[_Piece]]]:
+    """Read every located file: (run key, subject) -> modality -> its pieces, in source order. Runs, then subjects,
+    then sources are read in order, so an unfitted masker is fitted on the first image; a subject's confounds are
+    found once per run, on its first 'bold' or 'timeseries:' source, and only when confounds or scrub are asked."""
     cache: dict = {}
     state = {"masker_ready": None}
     pieces: dict[tuple[tuple, str], dict[str, list[_Piece]]] = {}
@@ -548,38 +610,26 @@ def load(
                         conf = _find_confounds(by_subject[sub], sub, rk, conf_names, scrub)
                     piece = _read(src, path, base, cache, masker, conf, state, rates.get(src, None), event_rate)
                     pieces.setdefault((rk, sub), {}).setdefault(mod, []).append(piece)
+    return pieces
 
-    runs = []
-    for rk in run_keys:
-        subs_here = [s for s in subs if rk in runs_of[s]]
-        plist = [p for s in subs_here for ps in pieces[(rk, s)].values() for p in ps]
-        vol = [p for p in plist if p.volumes]
-        duration = max(p.end() for p in (vol or plist))
-        if not (duration > 0):
-            raise ValueError(f"{_run_name(rk)}: no sample after the first volume's onset in any file "
-                             f"({[str(p.path) for p in plist]}); the run has no duration")
-        streams = []
-        for sub in subs_here:
-            for mod, ps in pieces[(rk, sub)].items():
-                clocks = [p.finish(duration, event_rate) for p in ps]
-                dt0, off0, v0 = clocks[0]
-                for p, (dt, off, v) in zip(ps[1:], clocks[1:]):
-                    if abs(dt - dt0) > 1e-12 * dt0 or abs(off - off0) > _TOL or v.shape[0] != v0.shape[0]:
-                        raise ValueError(
-                            f"sub-{sub} {_run_name(rk)} modality {mod!r}: sources on different clocks, "
-                            f"{ps[0].path} (dt {dt0:.9g} s, offset {off0:.9g} s, {v0.shape[0]} samples) and "
-                            f"{p.path} (dt {dt:.9g} s, offset {off:.9g} s, {v.shape[0]} samples); give them to "
-                            f"separate modalities")
-                values = np.concatenate([v for _, _, v in clocks], axis=1)
-                try:
-                    streams.append(Stream(sub, mod, dt0, values, offset=off0))
-                except ValueError as e:
-                    raise ValueError(f"{', '.join(str(p.path) for p in ps)}: {e}") from None
-        try:
-            runs.append(Run(duration=duration, streams=streams))
-        except ValueError as e:
-            raise ValueError(f"{_run_name(rk)} of task {task!r}: {e}") from None
-    return Dataset(runs)
+
+def _stream(sub: str, rk: tuple, mod: str, ps: list[_Piece], duration: float, event_rate) -> Stream:
+    """One subject's stream of one modality in run ``rk``: its pieces put on their clocks over ``duration``
+    seconds, which must agree (dt, offset, sample count), and their (T, F_i) values joined along the features."""
+    clocks = [p.finish(duration, event_rate) for p in ps]
+    dt0, off0, v0 = clocks[0]
+    for p, (dt, off, v) in zip(ps[1:], clocks[1:]):
+        if abs(dt - dt0) > 1e-12 * dt0 or abs(off - off0) > _TOL or v.shape[0] != v0.shape[0]:
+            raise ValueError(
+                f"sub-{sub} {_run_name(rk)} modality {mod!r}: sources on different clocks, "
+                f"{ps[0].path} (dt {dt0:.9g} s, offset {off0:.9g} s, {v0.shape[0]} samples) and "
+                f"{p.path} (dt {dt:.9g} s, offset {off:.9g} s, {v.shape[0]} samples); give them to "
+                f"separate modalities")
+    values = np.concatenate([v for _, _, v in clocks], axis=1)
+    try:
+        return Stream(sub, mod, dt0, values, offset=off0)
+    except ValueError as e:
+        raise ValueError(f"{', '.join(str(p.path) for p in ps)}: {e}") from None
 
 
 def _check_rates(physio_rate, sources: dict[str, list[_Source]]) -> dict[_Source, tuple[float, bool]]:

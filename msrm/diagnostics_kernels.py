@@ -547,12 +547,7 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
     rows = np.empty((N_VARS, N))
     means = np.empty((N_VARS, R))
     fmeans = np.empty(R)
-    rho = np.empty(max(h, 2))
-    acov = np.empty(MAX_DIRECT_LAG + 4)
-    acov_all = np.empty(max(h, 4))
-    slope = np.empty(2 * h + 1)
-    run_starts = np.empty(h, np.int64)
-    run_ends = np.empty(h, np.int64)
+    ess_scratch = _ess_scratch(h)
     nq = probs.size
     qs = np.empty(nq)
     lo = nq - 2  # qs[lo], qs[lo + 1]: the tail indicators' quantiles (q05 and q95 themselves when nq == 2)
@@ -572,66 +567,14 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
             v[(2 * c + 1) * h:(2 * c + 2) * h] = xp[c, off:]
         _argsort_exact(v, order, s, counts, bucket)
         _scores_to(s, order, table, rows[0])  # bulk normal scores, in the draws' places
-
-        # type-7 quantiles over all C D draws (the split draws when D is even)
-        if D % 2 == 0:
-            srt = s
-        else:
-            k = 0
-            for c in range(C):
-                for d in range(D):
-                    full[k] = xp[c, d]
-                    k += 1
-            srt = np.sort(full)
-        nf = srt.size
-        for j in range(nq):
-            pr = probs[j]
-            aleph = nf * pr + (1.0 - pr)
-            kk = int(np.floor(min(max(aleph, 1.0), nf - 1.0)))
-            gamma = min(max(aleph - kk, 0.0), 1.0)
-            qs[j] = (1.0 - gamma) * srt[kk - 1] + gamma * srt[kk]
-
+        _type7_quantiles(xp, s, full, probs, qs)
         # deviations from the overall mean: moments over all draws, split rows of squared deviations
         ss2, ss4 = _deviation_moments(xp, mean)
-        c2lo = np.inf
-        c2hi = -np.inf
-        for i in range(N):
-            vi = v[i]
-            rows[1, i] = 1.0 if vi <= qs[lo] else 0.0
-            rows[2, i] = 1.0 if vi <= qs[lo + 1] else 0.0
-            rows[3, i] = vi
-            dv = vi - mean
-            d2 = dv * dv
-            rows[4, i] = d2
-            c2lo = min(c2lo, d2)
-            c2hi = max(c2hi, d2)
+        c2lo, c2hi = _split_rows(v, qs[lo], qs[lo + 1], mean, rows)
         for var in range(N_VARS):
             _row_means(rows[var], R, h, means[var])
-        const[0] = s[0] == s[N - 1]  # every score tied: all z equal; otherwise they span far more than 1e-15
-        const[1] = False
-        const[2] = False
-        for var in (1, 2):  # an indicator is constant when every row is all 0 or every row all 1
-            all0 = True
-            all1 = True
-            for r in range(R):
-                all0 = all0 and means[var, r] == 0.0
-                all1 = all1 and means[var, r] == 1.0
-            const[var] = all0 or all1
-        const[3] = (s[N - 1] - s[0]) < _RESOLUTION
-        const[4] = (c2hi - c2lo) < _RESOLUTION
-
-        # R-hat: bulk scores (their centred sum of squares also serves the ESS) and folded scores
-        bulk_ss = _centre_rows(rows[0], R, h, means[0])
-        rhat = np.nan
-        if C >= 2:
-            med = (s[N // 2 - 1] + s[N // 2]) / 2.0
-            _fold(s, order, med, fv, fpos)
-            _scores_to(fv, fpos, table, zf)
-            _row_means(zf, R, h, fmeans)
-            fold_ss = _centre_rows(zf, R, h, fmeans)
-            rb = _rhat(means[0], bulk_ss, R, h)
-            rf = _rhat(fmeans, fold_ss, R, h)
-            rhat = rf if rf > rb else rb  # Python's max(rb, rf): a NaN rb wins
+        _constant_flags(s, means, c2lo, c2hi, const)
+        rhat = _split_rhat(s, order, table, rows[0], means[0], fv, fpos, zf, fmeans, C, h)
         stats[p, MEAN] = mean
         stats[p, VAR] = ss2 / (C * D - 1)
         stats[p, Q05] = qs[0]
@@ -639,31 +582,141 @@ def diagnose_block(x, table, probs, stats, ess, pending, pending_rows, pending_c
         stats[p, RHAT] = rhat
         stats[p, EVAR] = ss2 / (C * D)
         stats[p, M4] = ss4 / (C * D)
+        n_pending = _ess_of_parameter(rows, means, const, C, h, ess[p], pending[p], pending_rows, pending_cmv,
+                                      n_pending, ess_scratch)
+    return n_pending
 
-        for var in range(N_VARS):
-            pending[p, var] = 0
-            if const[var]:
-                ess[p, var] = N
-                continue
-            if var > 0:
-                _centre_rows(rows[var], R, h, means[var])
-            cmv = _var_ddof1(means[var]) if R > 1 else 0.0
-            if (var == 1 or var == 2) and _indicator_lag_sums(rows[var], R, h, means[var], slope, acov_all,
-                                                              run_starts, run_ends):
-                e = _geyer(rows[var], R, h, cmv, rho, acov_all, h, 0)  # tail indicator with few runs: every lag
-            else:
-                e = _geyer_direct(rows[var], R, h, cmv, rho, acov)
-            if e < 0.0:  # -1.0: past the direct lags; -2.0: foreseen from the first lags
-                pending[p, var] = 1 if e == -1.0 else 2
-                ess[p, var] = np.nan
-                pending_cmv[n_pending] = cmv
-                for j in range(C):  # split rows 2j and 2j + 1 as one complex row
-                    o = pending_rows[n_pending, j]
-                    a = rows[var, 2 * j * h:(2 * j + 1) * h]
-                    b = rows[var, (2 * j + 1) * h:(2 * j + 2) * h]
-                    for i in range(h):  # entries h..m-1 stay the caller's zeros
-                        o[i] = complex(a[i], b[i])
-                n_pending += 1
-            else:
-                ess[p, var] = e
+
+@nb.njit(**_opts)
+def _ess_scratch(h):
+    """Scratch of the ESS step of :func:`diagnose_block` for split rows of ``h`` draws, allocated once per block:
+    ``(rho (max(h, 2),), acov (MAX_DIRECT_LAG + 4,), acov_all (max(h, 4),), slope (2 h + 1,), run_starts (h,) int64,
+    run_ends (h,) int64)``."""
+    return (np.empty(max(h, 2)), np.empty(MAX_DIRECT_LAG + 4), np.empty(max(h, 4)), np.empty(2 * h + 1),
+            np.empty(h, np.int64), np.empty(h, np.int64))
+
+
+@nb.njit(**_opts)
+def _type7_quantiles(xp, s, full, probs, qs):
+    """``qs[j]`` = type-7 quantile of probability ``probs[j]`` over all C D draws of ``xp`` (C, D). With an even D
+    the sorted split draws ``s`` (C D,) are those draws; with an odd D (whose middle draw the split drops) the draws
+    are copied into the scratch ``full`` (C D,) and sorted."""
+    C, D = xp.shape
+    if D % 2 == 0:
+        srt = s
+    else:
+        k = 0
+        for c in range(C):
+            for d in range(D):
+                full[k] = xp[c, d]
+                k += 1
+        srt = np.sort(full)
+    nf = srt.size
+    for j in range(probs.size):
+        pr = probs[j]
+        aleph = nf * pr + (1.0 - pr)
+        kk = int(np.floor(min(max(aleph, 1.0), nf - 1.0)))
+        gamma = min(max(aleph - kk, 0.0), 1.0)
+        qs[j] = (1.0 - gamma) * srt[kk - 1] + gamma * srt[kk]
+
+
+@nb.njit(**_opts)
+def _split_rows(v, q_lo, q_hi, mean, rows):
+    """Fill rows 1..4 of ``rows`` (N_VARS, N) from the split draws ``v`` (N,): the tail indicators ``v <= q_lo``
+    and ``v <= q_hi`` (1.0 or 0.0), the draws, and their squared deviations from ``mean``; returns the smallest
+    and the largest squared deviation (a constant row is detected from their spread)."""
+    c2lo = np.inf
+    c2hi = -np.inf
+    for i in range(v.size):
+        vi = v[i]
+        rows[1, i] = 1.0 if vi <= q_lo else 0.0
+        rows[2, i] = 1.0 if vi <= q_hi else 0.0
+        rows[3, i] = vi
+        dv = vi - mean
+        d2 = dv * dv
+        rows[4, i] = d2
+        c2lo = min(c2lo, d2)
+        c2hi = max(c2hi, d2)
+    return c2lo, c2hi
+
+
+@nb.njit(**_opts)
+def _constant_flags(s, means, c2lo, c2hi, const):
+    """``const[var]`` (N_VARS,) = ESS variable ``var`` is constant (its ESS is then N), from the sorted split draws
+    ``s`` (N,), the row means ``means`` (N_VARS, R) and the range ``c2lo``..``c2hi`` of the squared deviations."""
+    N = s.size
+    R = means.shape[1]
+    const[0] = s[0] == s[N - 1]  # every score tied: all z equal; otherwise they span far more than 1e-15
+    const[1] = False
+    const[2] = False
+    for var in (1, 2):  # an indicator is constant when every row is all 0 or every row all 1
+        all0 = True
+        all1 = True
+        for r in range(R):
+            all0 = all0 and means[var, r] == 0.0
+            all1 = all1 and means[var, r] == 1.0
+        const[var] = all0 or all1
+    const[3] = (s[N - 1] - s[0]) < _RESOLUTION
+    const[4] = (c2hi - c2lo) < _RESOLUTION
+
+
+@nb.njit(**_opts)
+def _split_rhat(s, order, table, z, zmeans, fv, fpos, zf, fmeans, C, h):
+    """R-hat of one parameter: the larger of those of the bulk scores ``z`` (2 C h,) with row means ``zmeans``
+    (2 C,) and of the folded scores (NaN for one chain). Centres the rows of ``z`` in place in every case (the ESS
+    of the bulk scores uses them centred); ``fv``, ``fpos``, ``zf`` (2 C h,) and ``fmeans`` (2 C,) are scratch
+    for the folded draws, their places, their scores and their row means."""
+    R = 2 * C
+    N = R * h
+    bulk_ss = _centre_rows(z, R, h, zmeans)
+    rhat = np.nan
+    if C >= 2:
+        med = (s[N // 2 - 1] + s[N // 2]) / 2.0
+        _fold(s, order, med, fv, fpos)
+        _scores_to(fv, fpos, table, zf)
+        _row_means(zf, R, h, fmeans)
+        fold_ss = _centre_rows(zf, R, h, fmeans)
+        rb = _rhat(zmeans, bulk_ss, R, h)
+        rf = _rhat(fmeans, fold_ss, R, h)
+        rhat = rf if rf > rb else rb  # Python's max(rb, rf): a NaN rb wins
+    return rhat
+
+
+@nb.njit(**_opts)
+def _ess_of_parameter(rows, means, const, C, h, ess_p, pending_p, pending_rows, pending_cmv, n_pending, scratch):
+    """ESS of the N_VARS variables of one parameter from its split rows ``rows`` (N_VARS, 2 C h) (row 0 already
+    centred) and row means ``means`` (N_VARS, 2 C): writes ``ess_p`` and ``pending_p`` (N_VARS,), the parameter's
+    rows of ``ess`` and ``pending`` (:func:`diagnose_block`). A variable whose Geyer sequence needs lags past
+    :data:`MAX_DIRECT_LAG` gets NaN and its centred rows go to ``pending_rows[n_pending]`` (two split rows to a
+    complex row) and its row means' variance to ``pending_cmv[n_pending]``; returns the new ``n_pending``.
+    ``scratch`` is :func:`_ess_scratch`'s tuple."""
+    rho, acov, acov_all, slope, run_starts, run_ends = scratch
+    R = 2 * C
+    N = R * h
+    for var in range(N_VARS):
+        pending_p[var] = 0
+        if const[var]:
+            ess_p[var] = N
+            continue
+        if var > 0:
+            _centre_rows(rows[var], R, h, means[var])
+        cmv = _var_ddof1(means[var]) if R > 1 else 0.0
+        if (var == 1 or var == 2) and _indicator_lag_sums(rows[var], R, h, means[var], slope, acov_all,
+                                                          run_starts, run_ends):
+            e = _geyer(rows[var], R, h, cmv, rho, acov_all, h, 0)  # tail indicator with few runs: every lag
+        else:
+            e = _geyer_direct(rows[var], R, h, cmv, rho, acov)
+        if e < 0.0:  # -1.0: past the direct lags; -2.0: foreseen from the first lags
+            pending_p[var] = 1 if e == -1.0 else 2
+            ess_p[var] = np.nan
+            pending_cmv[n_pending] = cmv
+            for j in range(C):  # split rows 2j and 2j + 1 as one complex row
+                o = pending_rows[n_pending, j]
+                a = rows[var, 2 * j * h:(2 * j + 1) * h]
+                b = rows[var, (2 * j + 1) * h:(2 * j + 2) * h]
+                for i in range(h):  # entries h..m-1 stay the caller's zeros
+                    o[i] = complex(a[i], b[i])
+            n_pending += 1
+        else:
+            ess_p[var] = e
     return n_pending

@@ -142,9 +142,9 @@ def sample_chains(
         devices: indices into ``jax.devices()``; chain ``i`` runs on ``devices[i % len(devices)]``.
         progress: a bar over chains (NumPyro's own bars stay off unless ``sample_kwargs`` asks for them).
         align_factors: map every chain's factors onto chain 0's (sign and order, :func:`align_merged`) before
-            the merged draws are returned (for models with loadings blocks: GP-MSRM); the transform is recorded in the groups' ``factor_alignment``
-            attribute. A chain that cannot be matched unambiguously raises :class:`ChainAlignmentError`, which
-            carries the unmerged chains.
+            the merged draws are returned (for models with loadings blocks: GP-MSRM); the transform is recorded in
+            the groups' ``factor_alignment`` attribute. A chain that cannot be matched unambiguously raises
+            :class:`ChainAlignmentError`, which carries the unmerged chains.
         **sample_kwargs: passed to :func:`msrm.gp.posterior.sample` (``num_warmup``, ``num_samples``, ``init``,
             ``max_tree_depth``, ...); ``num_chains``, ``seed``, ``archive``, ``checkpoint`` and
             ``chain_method`` are set per chain and may not be given.
@@ -155,8 +155,24 @@ def sample_chains(
         RuntimeError: every chain failed (the message lists each seed and the last line of its error).
         ChainAlignmentError: the chains' factors could not be matched (``align_factors``).
     """
-    from ..parallel import BACKENDS, resolve_n_jobs, run_tasks
-    from ..runtime import physical_cores
+    from ..parallel import run_tasks
+
+    seeds, devices = _checked_arguments(num_chains, seeds, build_model, sample_kwargs, backend, devices)
+    tasks, threads = _chain_tasks(build_model, seeds, devices, archive_dir, backend, n_jobs, sample_kwargs)
+    t0 = time.perf_counter()
+    results = run_tasks(_chain_task, tasks, n_jobs=n_jobs, backend=backend, client=client, progress=progress,
+                        desc="chains", blas_threads=threads)
+    wall = time.perf_counter() - t0
+    done, failures = _finished_chains(results)
+    records, merged = _merged(done, failures, build_model, align_factors)
+    return Chains(inference_data=merged, seeds=seeds, records=records, failures=failures, wall_s=wall)
+
+
+def _checked_arguments(num_chains, seeds, build_model, sample_kwargs: dict, backend: str,
+                       devices) -> tuple[list[int], list | None]:
+    """(the seed of every chain, ``devices`` as a list or None); ValueError naming the first bad argument of
+    :func:`sample_chains`, so that nothing starts on bad input."""
+    from ..parallel import BACKENDS
 
     seeds = _check_seeds(num_chains, seeds)
     if not (callable(build_model) or (isinstance(build_model, tuple) and len(build_model) in (2, 3))):
@@ -173,12 +189,26 @@ def sample_chains(
         devices = list(devices)
         if not devices or any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in devices):
             raise ValueError(f"devices must be a non-empty list of device indices, got {devices!r}")
+    return seeds, devices
+
+
+def _chain_tasks(build_model, seeds: list[int], devices: list | None, archive_dir, backend: str, n_jobs,
+                 sample_kwargs: dict) -> tuple[list[dict], int | None]:
+    """(one task dict of :func:`_chain_task` per seed, the BLAS thread budget of each worker or None).
+
+    Creates ``archive_dir`` and sets ``sample_kwargs["progress"]`` to False unless given (NumPyro's bars stay off
+    in workers). The thread budget is the one ``run_tasks`` gives each worker (the physical cores shared among
+    the loky workers, one per dask worker; None for ``"sequential"``, which leaves this process's BLAS threads as
+    they are), handed to the LAPACK callback too so that chains in parallel do not oversubscribe the cores.
+    """
+    from ..parallel import resolve_n_jobs
+    from ..runtime import physical_cores
+
     folder = None
     if archive_dir is not None:
         folder = Path(archive_dir)
         folder.mkdir(parents=True, exist_ok=True)
     sample_kwargs.setdefault("progress", False)
-    # the thread budget run_tasks gives each worker, handed to the LAPACK callback too
     if backend == "loky":
         threads = max(1, physical_cores() // resolve_n_jobs(n_jobs, len(seeds)))
     elif backend == "dask":
@@ -190,16 +220,29 @@ def sample_chains(
         "device": None if devices is None else int(devices[i % len(devices)]),
         "archive": None if folder is None else str(folder / f"chain{i}_seed{s}.nc"), "blas_threads": threads,
     } for i, s in enumerate(seeds)]
-    t0 = time.perf_counter()
-    results = run_tasks(_chain_task, tasks, n_jobs=n_jobs, backend=backend, client=client, progress=progress,
-                        desc="chains", blas_threads=threads)
-    wall = time.perf_counter() - t0
+    return tasks, threads
+
+
+def _finished_chains(results) -> tuple[list[dict], list[dict]]:
+    """(the values of :func:`_chain_task` of the chains that finished, ``chain``/``seed``/``error`` of those that
+    failed), both in chain order; RuntimeError listing every seed and its error's last line when none finished."""
     done = [r.value for r in results if r.ok]
     failures = [{"chain": r.task["chain"], "seed": r.task["seed"], "error": r.error} for r in results if not r.ok]
     if not done:
         lines = "; ".join(f"chain {f['chain']} (seed {f['seed']}): {f['error'].strip().splitlines()[-1]}"
                           for f in failures)
         raise RuntimeError(f"sample_chains: every chain failed: {lines}")
+    return done, failures
+
+
+def _merged(done: list[dict], failures: list[dict], build_model, align_factors: bool):
+    """(the per-chain records, without their InferenceData; the finished chains merged by :func:`merge_chains`).
+
+    With ``align_factors`` and more than one chain, the model is built once more in this process, only to tell
+    whether it has loadings blocks (factors identified up to sign and order) and, if so, to map every chain's
+    factors onto chain 0's by :func:`align_merged`; an ambiguous match raises :class:`ChainAlignmentError`
+    carrying the unmerged chains.
+    """
     records = [{k: v for k, v in d.items() if k != "inference_data"} for d in done]
     idatas = [d["inference_data"] for d in done]
     merged = merge_chains(idatas, seeds=[d["seed"] for d in done], records=records, failures=failures)
@@ -210,7 +253,7 @@ def sample_chains(
                 merged = align_merged(model, merged)
             except ValueError as exc:
                 raise ChainAlignmentError(str(exc), idatas) from exc
-    return Chains(inference_data=merged, seeds=seeds, records=records, failures=failures, wall_s=wall)
+    return records, merged
 
 
 class ChainAlignmentError(ValueError):

@@ -211,10 +211,31 @@ def _check_positive_definite(model, H: np.ndarray, eigen_tol: float) -> tuple[np
     return np.linalg.cholesky(H), float(lam[0]), lam_max
 
 
+def _symmetrised_positive_definite(model, H: np.ndarray, used: str, asym: float, symmetry_tol: float,
+                                   eigen_tol: float) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """(the symmetric part ``(H + H^T)/2`` of the (d, d) Hessian ``H``, its (d, d) lower Cholesky factor, its
+    smallest and largest eigenvalues).
+
+    Warns when the relative asymmetry ``asym`` of ``H`` (computed by the method ``used``) exceeds
+    ``symmetry_tol``: the gradient is noisy at the finite-difference scale. The warning's stacklevel points at
+    the caller of :func:`approximate_posterior`. Raises :class:`NotPositiveDefiniteError` as
+    :func:`_check_positive_definite`.
+    """
+    if asym > symmetry_tol:
+        warnings.warn(f"Laplace Hessian ({used}) has relative asymmetry {asym:.2e} > symmetry_tol={symmetry_tol:g}:"
+                      f" the gradient is noisy at this scale; the symmetric part is used", RuntimeWarning,
+                      stacklevel=3)
+    H = 0.5 * (H + H.T)
+    L, lam_min, lam_max = _check_positive_definite(model, H, eigen_tol)
+    return H, L, lam_min, lam_max
+
+
 # ------------------------------------------------------------------------------------------ driver
 
 
-def _check_arguments(model, method, num_samples, seed, eigen_tol, symmetry_tol) -> None:
+def _check_arguments(model, method, num_samples, seed, eigen_tol, symmetry_tol, hessian) -> None:
+    """Raise ValueError for an unknown method, a bad ``num_samples``, ``seed`` or tolerance, JAX running without
+    float64, or an unknown Hessian method (checked in that order, before any numerics)."""
     import jax
 
     if method not in METHODS:
@@ -228,6 +249,8 @@ def _check_arguments(model, method, num_samples, seed, eigen_tol, symmetry_tol) 
             raise ValueError(f"{name} must be a float in [0, 1), got {v!r}")
     if not jax.config.jax_enable_x64:
         raise ValueError("float64 is the numerical contract: call msrm.runtime.enable_x64() first")
+    if hessian not in HESSIAN_METHODS:
+        raise ValueError(f"hessian must be one of {HESSIAN_METHODS}, got {hessian!r}")
 
 
 def _mode(model, init, seed: int, progress: bool, map_options: dict | None):
@@ -290,6 +313,45 @@ def _importance_ess(lp: np.ndarray, log_q: np.ndarray) -> float:
     return float(w.sum() ** 2 / np.sum(w**2))
 
 
+def _drawn(model, u_mode: np.ndarray, L: np.ndarray, num_samples: int, seed: int, log_density_draws: bool,
+           timings: dict) -> tuple[np.ndarray, dict]:
+    """(1, S, d) draws from ``N(u*, (L L^T)^{-1})`` and their sample stats: ``log_q`` (1, S), and ``lp`` (1, S)
+    when ``log_density_draws``; timed as ``draws`` and ``log_density_draws``."""
+    with timed_phase(timings, "draws"):
+        draws_u, log_q = _draws(u_mode, L, num_samples, seed)
+    stats = {"log_q": log_q}
+    if log_density_draws:
+        with timed_phase(timings, "log_density_draws"):
+            stats["lp"] = _log_density_draws(model, draws_u)
+    return draws_u, stats
+
+
+def _execution_info(model) -> dict:
+    """``model.execution_info()``, or :func:`msrm.runtime.execution_info` for a model without one."""
+    info = model.execution_info() if hasattr(model, "execution_info") else None
+    if info is None:
+        from ..runtime import execution_info
+
+        info = execution_info(include_jax=True)
+    return info
+
+
+def _finished_idata(model, draws_u: np.ndarray, stats: dict, physical, info: dict, sampler: dict, timings: dict,
+                    t_total: float, diagnostics: bool):
+    """Build the InferenceData of the (1, S, d) ``draws_u`` and (1, S) ``stats`` (booked as ``draw_conversion``),
+    run the diagnostics, and write every phase and the ``total`` seconds since ``t_total`` into each group's
+    ``timings`` attribute. Returns (InferenceData, diagnostics table or None)."""
+    with timed_phase(timings, "draw_conversion"):
+        idata = build_inference_data(model, draws_u, stats, observed=observed_group(model),
+                                     attrs={"execution_info": info, "sampler": sampler}, physical=physical)
+    with timed_phase(timings, "diagnostics"):
+        summary = diagnostics_summary(idata) if diagnostics else None
+    timings["total"] = time.perf_counter() - t_total
+    for group in group_names(idata):
+        idata[group].attrs["timings"] = json.dumps(timings)
+    return idata, summary
+
+
 def approximate_posterior(
     model,
     init: Any = None,
@@ -332,50 +394,27 @@ def approximate_posterior(
         NotPositiveDefiniteError: ``H`` is not positive definite (message names the parameters along the
             offending directions).
     """
-    _check_arguments(model, method, num_samples, seed, eigen_tol, symmetry_tol)
-    if hessian not in HESSIAN_METHODS:
-        raise ValueError(f"hessian must be one of {HESSIAN_METHODS}, got {hessian!r}")
+    _check_arguments(model, method, num_samples, seed, eigen_tol, symmetry_tol, hessian)
     timings: dict[str, float] = {}
     t_total = time.perf_counter()
     with timed_phase(timings, "mode"):
         u_mode, map_result, lp_mode, grad_norm = _mode(model, init, int(seed), bool(progress), map_options)
     with timed_phase(timings, "hessian"):
         H, used, asym, fallback = laplace_hessian(model, u_mode, hessian, step)
-        if asym > symmetry_tol:
-            warnings.warn(f"Laplace Hessian ({used}) has relative asymmetry {asym:.2e} > symmetry_tol={symmetry_tol:g}:"
-                          f" the gradient is noisy at this scale; the symmetric part is used", RuntimeWarning,
-                          stacklevel=2)
-        H = 0.5 * (H + H.T)
-        L, lam_min, lam_max = _check_positive_definite(model, H, eigen_tol)
-    with timed_phase(timings, "draws"):
-        draws_u, log_q = _draws(u_mode, L, int(num_samples), int(seed))
-    stats = {"log_q": log_q}
-    if log_density_draws:
-        with timed_phase(timings, "log_density_draws"):
-            stats["lp"] = _log_density_draws(model, draws_u)
+        H, L, lam_min, lam_max = _symmetrised_positive_definite(model, H, used, asym, symmetry_tol, eigen_tol)
+    draws_u, stats = _drawn(model, u_mode, L, int(num_samples), int(seed), log_density_draws, timings)
     with timed_phase(timings, "draw_conversion"):
         physical = physical_draws(model, draws_u)
-    info = model.execution_info() if hasattr(model, "execution_info") else None
-    if info is None:
-        from ..runtime import execution_info
-
-        info = execution_info(include_jax=True)
+    info = _execution_info(model)
     sampler = {
         "method": method, "num_samples": int(num_samples), "num_chains": 1, "seed": int(seed),
         "num_params": int(model.num_params), "hessian": used, "hessian_fallback": fallback,
         "hessian_asymmetry": asym,
         "eigenvalue_min": lam_min, "eigenvalue_max": lam_max, "log_density_mode": lp_mode,
         "grad_norm_mode": grad_norm,
-        "importance_ess": _importance_ess(stats["lp"], log_q) if "lp" in stats else None,
+        "importance_ess": _importance_ess(stats["lp"], stats["log_q"]) if "lp" in stats else None,
     }
-    with timed_phase(timings, "draw_conversion"):
-        idata = build_inference_data(model, draws_u, stats, observed=observed_group(model),
-                                     attrs={"execution_info": info, "sampler": sampler}, physical=physical)
-    with timed_phase(timings, "diagnostics"):
-        summary = diagnostics_summary(idata) if diagnostics else None
-    timings["total"] = time.perf_counter() - t_total
-    for group in group_names(idata):
-        idata[group].attrs["timings"] = json.dumps(timings)
+    idata, summary = _finished_idata(model, draws_u, stats, physical, info, sampler, timings, t_total, diagnostics)
     return LaplacePosterior(
         inference_data=idata, timings=timings, execution_info=info, num_leapfrog=0, num_leapfrog_warmup=None,
         seconds_per_leapfrog=None, draws_u=draws_u, summary=summary, chain_method="sequential", resumed=False,

@@ -429,63 +429,23 @@ def sample(
     resume = _resumable(checkpoint, settings, allow_device_change)  # refuses before any numerics
 
     with timed_phase(timings, "initialisation"):
-        import arviz  # noqa: F401  (imported here so its one-time import cost is not booked as draw conversion)
-
-        if resume:
-            starts, map_result = None, None
-        else:
-            starts, map_result = _checked_starts(model, init, num_chains, seed, init_jitter, progress, map_options)
+        starts, map_result = _initial_points(model, resume, init, num_chains, seed, init_jitter, progress,
+                                             map_options)
         kernel, mcmc = _nuts(model, num_warmup, num_samples, num_chains, chain_method, max_tree_depth, dense_mass,
                              target_accept_prob, progress)
-    rng_key = jax.random.PRNGKey(seed)
-
-    if resume:
-        state = _resumed_state(kernel, mcmc, checkpoint, num_chains, chain_method, model.num_params, num_warmup,
-                               rng_key)
-        init_params, warmup_compile, warm_steps = state.z, 0.0, None
-        timings["warmup"] = 0.0
-    else:
-        state, init_params, wall, warmup_compile, warm_steps = _warm_up(mcmc, model, starts, num_chains, num_warmup,
-                                                                        rng_key, collect_warmup_stats)
-        timings["warmup"] = wall - warmup_compile
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, state, settings)
-
-    samples, wall, sampling_compile = _run_sampling(mcmc, state, init_params)
-    timings["sampling"] = wall - sampling_compile
-    timings["compilation"] = warmup_compile + sampling_compile
-
-    with timed_phase(timings, "draw_conversion"):
-        draws_u, stats = _draws_and_stats(samples, mcmc)
-        physical = physical_draws(model, draws_u)
-    with timed_phase(timings, "pointwise_loglik"):
-        loglik = _pointwise_loglik(model, draws_u) if pointwise_loglik else None
-
-    num_leapfrog = int(stats["n_steps"].sum())
-    warm_n_steps = warm_steps
-    warm_steps = None if warm_n_steps is None else int(warm_n_steps.sum())
-    per_leapfrog = _seconds_per_leapfrog(stats["n_steps"], timings["sampling"], chain_method, num_chains)
-    info = model.execution_info() if hasattr(model, "execution_info") else execution_info(include_jax=True)
-    observed = observed_group(model)
-    sampler = {**settings, "num_samples": int(num_samples), "chain_method_used": str(mcmc.chain_method),
-               "num_leapfrog": num_leapfrog, "num_leapfrog_warmup": warm_steps, "resumed": bool(resume),
-               "seconds_per_leapfrog": per_leapfrog}
-
-    with timed_phase(timings, "draw_conversion"):
-        idata = build_inference_data(model, draws_u, stats, log_likelihood=loglik, observed=observed,
-                                     attrs={"execution_info": info, "sampler": sampler}, physical=physical)
-    with timed_phase(timings, "diagnostics"):
-        summary = diagnostics_summary(idata) if diagnostics else None
-    timings["total"] = time.perf_counter() - t_total
-    for group in group_names(idata):
-        idata[group].attrs["timings"] = json.dumps(timings)
-    if archive is not None:
-        save_netcdf(idata, archive)
+    samples, warm_n_steps = _warm_up_and_sample(kernel, mcmc, model, starts, resume, checkpoint, settings,
+                                                jax.random.PRNGKey(seed), num_chains, chain_method, num_warmup,
+                                                collect_warmup_stats, timings)
+    draws_u, stats, physical, loglik = _converted_draws(model, mcmc, samples, timings, pointwise_loglik)
+    sampler = _sampler_record(settings, num_samples, mcmc, stats, warm_n_steps, resume, timings["sampling"],
+                              chain_method, num_chains)
+    idata, summary, info = _finished_idata(model, draws_u, stats, loglik, physical, sampler, timings, t_total,
+                                           diagnostics, archive)
     return Posterior(
-        inference_data=idata, timings=timings, execution_info=info, num_leapfrog=num_leapfrog,
-        num_leapfrog_warmup=warm_steps, seconds_per_leapfrog=per_leapfrog, draws_u=draws_u, summary=summary,
-        chain_method=str(mcmc.chain_method), resumed=bool(resume), map_result=map_result, sample_stats=stats,
-        warmup_n_steps=warm_n_steps, model=model, progress=bool(progress),
+        inference_data=idata, timings=timings, execution_info=info, num_leapfrog=sampler["num_leapfrog"],
+        num_leapfrog_warmup=sampler["num_leapfrog_warmup"], seconds_per_leapfrog=sampler["seconds_per_leapfrog"],
+        draws_u=draws_u, summary=summary, chain_method=str(mcmc.chain_method), resumed=bool(resume),
+        map_result=map_result, sample_stats=stats, warmup_n_steps=warm_n_steps, model=model, progress=bool(progress),
     )
 
 
@@ -595,6 +555,21 @@ def _nuts(model, num_warmup, num_samples, num_chains, chain_method, max_tree_dep
     return kernel, mcmc
 
 
+def _initial_points(model, resume: bool, init, num_chains: int, seed: int, init_jitter: float, progress: bool,
+                    map_options: dict):
+    """(num_chains, num_params) start points and the MAP result (or None) of :func:`_checked_starts`; (None, None)
+    when resuming from a checkpoint, whose saved state holds the positions.
+
+    ArviZ is imported first so that its one-time import cost is booked in the initialisation phase of the caller
+    rather than as draw conversion.
+    """
+    import arviz  # noqa: F401
+
+    if resume:
+        return None, None
+    return _checked_starts(model, init, num_chains, seed, init_jitter, progress, map_options)
+
+
 def _resumed_state(kernel, mcmc, checkpoint, num_chains, chain_method, num_params, num_warmup, rng_key):
     """The post-warm-up state loaded from ``checkpoint``, set as ``mcmc.post_warmup_state``."""
     template = _template_state(kernel, mcmc, num_chains, chain_method, num_params, num_warmup, rng_key)
@@ -641,6 +616,34 @@ def _run_sampling(mcmc, state, init_params):
     return samples, wall, min(acc[0], wall)
 
 
+def _warm_up_and_sample(kernel, mcmc, model, starts, resume: bool, checkpoint, settings: dict, rng_key, num_chains,
+                        chain_method, num_warmup, collect_warmup_stats, timings: dict):
+    """Warm up from ``starts`` (saving the checkpoint when one is asked for) or load the checkpointed warm-up, then
+    sample; book ``warmup``, ``sampling`` and ``compilation`` seconds in ``timings``.
+
+    ``starts`` is (num_chains, num_params), or None when resuming. Returns (the draws grouped by chain, the
+    (chains, num_warmup) leapfrog steps of every warm-up iteration or None when warm-up draws were not collected or
+    warm-up was skipped). The sampling call is the same whether the state comes from this warm-up or from the
+    checkpoint, so a resumed run gives the draws of an uninterrupted one.
+    """
+    if resume:
+        state = _resumed_state(kernel, mcmc, checkpoint, num_chains, chain_method, model.num_params, num_warmup,
+                               rng_key)
+        init_params, warmup_compile, warm_steps = state.z, 0.0, None
+        timings["warmup"] = 0.0
+    else:
+        state, init_params, wall, warmup_compile, warm_steps = _warm_up(mcmc, model, starts, num_chains, num_warmup,
+                                                                        rng_key, collect_warmup_stats)
+        timings["warmup"] = wall - warmup_compile
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, state, settings)
+
+    samples, wall, sampling_compile = _run_sampling(mcmc, state, init_params)
+    timings["sampling"] = wall - sampling_compile
+    timings["compilation"] = warmup_compile + sampling_compile
+    return samples, warm_steps
+
+
 def _draws_and_stats(samples, mcmc) -> tuple[np.ndarray, dict]:
     """(chains, draws, num_params) float64 draws and the per-draw sample stats (chains, draws): diverging, n_steps,
     tree_depth = floor(log2 n_steps) + 1, step_size, energy, acceptance_rate, lp = -potential energy."""
@@ -659,6 +662,22 @@ def _draws_and_stats(samples, mcmc) -> tuple[np.ndarray, dict]:
         "lp": -extra["potential_energy"].astype(np.float64),
     }
     return draws_u, stats
+
+
+def _converted_draws(model, mcmc, samples, timings: dict, pointwise_loglik: bool):
+    """The sampler's output in the forms the InferenceData is built from, timed as ``draw_conversion`` and
+    ``pointwise_loglik``.
+
+    Returns (draws_u (chains, draws, num_params), the per-draw sample stats (chains, draws) of
+    :func:`_draws_and_stats`, the physical draws of :func:`idata.physical_draws`, the pointwise log-likelihood
+    ``name -> (chains, draws, *shape)`` or None when not asked for).
+    """
+    with timed_phase(timings, "draw_conversion"):
+        draws_u, stats = _draws_and_stats(samples, mcmc)
+        physical = physical_draws(model, draws_u)
+    with timed_phase(timings, "pointwise_loglik"):
+        loglik = _pointwise_loglik(model, draws_u) if pointwise_loglik else None
+    return draws_u, stats, physical, loglik
 
 
 def _pointwise_loglik(model, draws_u: np.ndarray) -> dict:
@@ -683,6 +702,43 @@ def _seconds_per_leapfrog(n_steps: np.ndarray, sampling_seconds: float, chain_me
         return sampling_seconds / lockstep if lockstep else None
     num_leapfrog = int(n_steps.sum())
     return sampling_seconds / num_leapfrog if num_leapfrog else None
+
+
+def _sampler_record(settings: dict, num_samples, mcmc, stats: dict, warm_n_steps, resume: bool,
+                    sampling_seconds: float, chain_method: str, num_chains: int) -> dict:
+    """The ``sampler`` attribute: ``settings`` plus num_samples, the chain method NumPyro used, the leapfrog steps
+    of sampling (summed over the (chains, draws) ``stats["n_steps"]``) and of warm-up (summed over the (chains,
+    num_warmup) ``warm_n_steps``, None without them), whether it resumed, and the seconds per leapfrog step."""
+    num_leapfrog = int(stats["n_steps"].sum())
+    warm_steps = None if warm_n_steps is None else int(warm_n_steps.sum())
+    per_leapfrog = _seconds_per_leapfrog(stats["n_steps"], sampling_seconds, chain_method, num_chains)
+    return {**settings, "num_samples": int(num_samples), "chain_method_used": str(mcmc.chain_method),
+            "num_leapfrog": num_leapfrog, "num_leapfrog_warmup": warm_steps, "resumed": bool(resume),
+            "seconds_per_leapfrog": per_leapfrog}
+
+
+def _finished_idata(model, draws_u: np.ndarray, stats: dict, loglik, physical, sampler: dict, timings: dict,
+                    t_total: float, diagnostics: bool, archive):
+    """Build the InferenceData (booked as ``draw_conversion``), run the diagnostics, stamp the timings and archive.
+
+    ``draws_u`` is (chains, draws, num_params), ``stats`` and ``loglik`` hold (chains, draws, ...) arrays. The
+    ``total`` seconds are counted from ``t_total`` up to the diagnostics' end and written, with every phase, into
+    each group's ``timings`` attribute before the NetCDF archive (when ``archive`` is a path) is written, so the
+    archive carries them. Returns (InferenceData, diagnostics table or None, execution_info).
+    """
+    info = model.execution_info() if hasattr(model, "execution_info") else execution_info(include_jax=True)
+    observed = observed_group(model)
+    with timed_phase(timings, "draw_conversion"):
+        idata = build_inference_data(model, draws_u, stats, log_likelihood=loglik, observed=observed,
+                                     attrs={"execution_info": info, "sampler": sampler}, physical=physical)
+    with timed_phase(timings, "diagnostics"):
+        summary = diagnostics_summary(idata) if diagnostics else None
+    timings["total"] = time.perf_counter() - t_total
+    for group in group_names(idata):
+        idata[group].attrs["timings"] = json.dumps(timings)
+    if archive is not None:
+        save_netcdf(idata, archive)
+    return idata, summary, info
 
 
 def observed_group(model):

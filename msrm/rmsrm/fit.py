@@ -356,14 +356,9 @@ def fit_rmsrm(
             raise ValueError("roughness='marginal' needs response_objective='marginal'")
         roughness = None
     from ..parallel import resolve_n_jobs, run_tasks
-    from ..runtime import execution_info
 
     jobs = resolve_n_jobs(n_jobs, restarts)
-    prep = prepare_rmsrm(data, spec, roughness)
-    with step_blas_limit("dense", dense_flops(prep)):
-        base = convention.pca_init(prep)
-        if roughness is None:
-            prep = prep._replace(roughness=default_roughness(spec, initial_signal(prep, base)))
+    prep, base = _prepare_start(data, spec, roughness)
     if backend == "loky" and jobs == 1:
         backend = "sequential"
     inner = progress and backend == "sequential"
@@ -373,11 +368,55 @@ def fit_rmsrm(
     tasks = restart_tasks(seed, restarts)
     results = run_tasks(fn, tasks, n_jobs=None if backend == "dask" and n_jobs is None else jobs,
                         backend=backend, client=client, progress=progress, desc="R-MSRM restarts")
+    finals, errors, best = _best_restart(results)
+    settings = {"objective": objective, "latent_solver": latent_solver, "response_objective": response_objective,
+                "marginal_roughness": marginal_roughness,
+                "max_iter": int(max_iter), "tol": float(tol),
+                "seed": int(seed), "restarts": int(restarts), "backend": backend, "n_jobs": int(jobs)}
+    return _assemble_fit(data, spec, prep, best, finals, errors, tasks, settings)
+
+
+def _prepare_start(data: Dataset, spec: ModelSpec, roughness: float | None) -> tuple[Prepared, tuple]:
+    """The prepared problem and the PCA initialisation every restart starts from.
+
+    Returns ``(prep, base)``: ``base`` the whitened PCA latents, a tuple of one (J, K) array per run. With
+    ``roughness`` None, ``prep.roughness`` is set to :func:`.prepare.default_roughness` of the initial signal at
+    ``base``. The PCA and the initial-signal fit are dense steps, so they run under the dense BLAS thread limit.
+    """
+    prep = prepare_rmsrm(data, spec, roughness)
+    with step_blas_limit("dense", dense_flops(prep)):
+        base = convention.pca_init(prep)
+        if roughness is None:
+            prep = prep._replace(roughness=default_roughness(spec, initial_signal(prep, base)))
+    return prep, base
+
+
+def _best_restart(results: list) -> tuple[np.ndarray, list, RestartResult]:
+    """The restarts' selection objectives, their errors and the best restart.
+
+    ``results`` are ``run_tasks`` results (``.ok``, ``.value``, ``.error``), one per restart. Returns
+    ``(finals, errors, best)``: ``finals`` (restarts,) the selection J of each restart (NaN where it failed),
+    ``errors`` the traceback text or None per restart, ``best`` the :class:`RestartResult` of lowest J. Raises
+    RuntimeError with every restart's traceback when none has a finite J.
+    """
     finals = np.array([r.value.selection if r.ok else np.nan for r in results])
     errors = [r.error for r in results]
     if not np.isfinite(finals).any():
         raise RuntimeError("every R-MSRM restart failed:\n" + "\n".join(e or "non-finite objective" for e in errors))
-    best = results[int(np.nanargmin(finals))].value
+    return finals, errors, results[int(np.nanargmin(finals))].value
+
+
+def _assemble_fit(data: Dataset, spec: ModelSpec, prep: Prepared, best: RestartResult, finals: np.ndarray,
+                  errors: list, tasks: list[dict], settings: dict) -> RFit:
+    """The :class:`RFit` of the best restart.
+
+    The best state is put in the canonical convention (:func:`.convention.canonical`), its parameters are
+    validated against ``data`` and ``spec``, and the lengthscales are estimated from the latents over each run's
+    span. ``finals`` (restarts,) and ``errors`` come from :func:`_best_restart`, ``tasks`` from
+    :func:`restart_tasks`; ``settings`` is stored as given.
+    """
+    from ..runtime import execution_info
+
     state = convention.canonical(prep, best.state)
     params = Params(
         loadings=state.W,
@@ -388,10 +427,6 @@ def fit_rmsrm(
         response=state.theta,
     )
     params.validate(data, spec)
-    settings = {"objective": objective, "latent_solver": latent_solver, "response_objective": response_objective,
-                "marginal_roughness": marginal_roughness,
-                "max_iter": int(max_iter), "tol": float(tol),
-                "seed": int(seed), "restarts": int(restarts), "backend": backend, "n_jobs": int(jobs)}
     return RFit(
         latents=[np.array(z) for z in state.Z],
         params=params,

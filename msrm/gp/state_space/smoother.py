@@ -220,61 +220,93 @@ def smooth_run(theta, run: SSRun, *, nodes: bool = True, grid: bool = True) -> R
     Args:
         theta: constrained parameter pytree (:func:`msrm.gp.model.params_to_theta`).
         run: one prepared run of the state-space backend.
+        nodes: whether to return the node moments.
+        grid: whether to return the grid moments.
+
+    Returns:
+        :class:`RunSmooth` (the moments not asked for are None).
     """
     run = sequential_run(run)
     t = run.tables
     hf = HostFilter(t)
     A, Rs, ys, data_term, T, Qb, m0, P0 = filter_inputs(theta, run, hf)
-    # the same filter with one sub-step per chunk (its reverse over "chunk" i is the reverse over sub-step i):
-    # one that only predicts (run on kept entries without nodes), one that only absorbs (no sub-step predicts)
-    n_sub = int(t.block_index.size)
-    pred = HostFilter(dataclasses.replace(t, chunk=1, n_chunks=n_sub))
-    absorb = HostFilter(dataclasses.replace(t, chunk=1, n_chunks=n_sub, predict=np.zeros_like(t.predict)))
-    K, C, S = t.K, t.block, t.n_states
-    Qy = qy(Qb, np)
-    reads = read_schedule(t) if grid else {}
-    grid_mean = np.zeros((t.n_blocks * C, K)) if grid else None
-    grid_cov = np.zeros((t.n_blocks * C, K, K)) if grid else None
-    Rsb, yb = np.zeros_like(Rs), np.zeros_like(ys)  # the reverse pass's adjoints of the node inputs (unused here)
-    Tb, Qbb = np.zeros_like(T), np.zeros_like(Qb)
-    mb, Pb = np.zeros(S), np.zeros((S, S))
-    slot_mean = np.zeros(ys.shape[:1] + (ys.shape[1] // K, K)) if nodes else None  # (T, M, K)
-    slot_cov = np.zeros(Rs.shape) if nodes else None  # (T, M, K, K)
-
-    def reverse_chunk(c, kept):
-        """The reverse pass over chunk c, one sub-step at a time: the prediction's transpose, the grid values and
-        the sub-step's nodes read there (the absorbed state), then the absorb's transpose."""
-        for j in reversed(range(len(kept))):
-            i = c * t.chunk + j
-            k = kept[j]
-            if t.predict[i]:
-                pred.reverse_chunk(i, [dict(m=k["m"], P=k["P"], R=0, FPs=k["FPs"], ms=k["ms"])], T, 1.0, Rsb, yb,
-                                   Tb, Qbb, mb, Pb)
-            blocks = reads.get(i)
-            if blocks:
-                for b in blocks:
-                    r = hf.ring_row(b)
-                    mR, PR = absorbed_rows(k, r, C * K)
-                    grid_block(mR, PR, mb, Pb, r, C, K, grid_mean[b * C:(b + 1) * C], grid_cov[b * C:(b + 1) * C])
-            if k["R"]:
-                if nodes:
-                    node_block(k, mb, Pb, hf.occupied(i), slot_mean[i], slot_cov[i])
-                absorb.reverse_chunk(i, [k], T, 1.0, Rsb, yb, Tb, Qbb, mb, Pb)
-            kept[j] = None
-
-    args = (A, Rs, ys, T, Qy)
-    # as in HostFilter.backward: with two cores and enough work per sub-step, chunk c - 1 is recomputed on a second
-    # thread while the reverse pass walks back through chunk c (BLAS and most NumPy loops release the GIL)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msrm-smooth") if (
-        t.n_chunks > 2 and hf.pipeline_pays and runtime.physical_cores() >= 2) else None
+    rev = _reverse_buffers(t, hf, Rs, ys, T, Qb, nodes, grid)
+    args = (A, Rs, ys, T, qy(Qb, np))
     with one_blas_thread():
         ll, code, sm, sP, last = hf.forward(A, Rs, ys, T, Qb, m0, P0, keep_starts=True, keep_last=True)
     rounding = variance_rounding(t, Rs)
     if t.block > 1 and (code >> LEVEL_SHIFT or rounding > ROUNDING_LIMIT):
         # smooth on one-step blocks (same model, same density), where the rounding is that of one step's nodes
         return smooth_run(theta, one_step_run(run), nodes=nodes, grid=grid)
+    _warn_accuracy(t, code, rounding)
+    _reverse_pass(rev, args, sm, sP, last)
+    loglik = -0.5 * float(data_term) + float(ll)
+    node_mean = node_cov = None
+    if nodes:
+        node_mean, node_cov = node_moments(t, rev.slot_mean, rev.slot_cov, run.gp.layout.n_nodes)
+    J = t.n_steps
+    return RunSmooth(loglik, node_mean, node_cov, None if rev.grid_mean is None else rev.grid_mean[:J],
+                     None if rev.grid_cov is None else rev.grid_cov[:J])
+
+
+@dataclass(eq=False)
+class _Reverse:
+    """What the smoother's reverse pass reads and writes (built by :func:`_reverse_buffers`).
+
+    Fields:
+        t, hf: the run's sequential tables and their host filter.
+        pred, absorb: the same filter with one sub-step per chunk (its reverse over "chunk" i is the reverse over
+            sub-step i): one that only predicts (run on kept entries without nodes), one that only absorbs (no
+            sub-step predicts).
+        T: the block transition, as the filter reads it.
+        reads: :func:`read_schedule` (empty without grid values).
+        grid_mean, grid_cov: (n_blocks C, K) and (n_blocks C, K, K) grid moments, written block by block (None
+            without grid values).
+        slot_mean, slot_cov: (T, M, K) and (T, M, K, K) node moments per sub-step and slot (None without nodes).
+        adjoints: the reverse pass's accumulators ``(R̄s, ȳ, T̄, Q̄_b, m̄, P̄)``, updated in place; only ``m̄``
+            (S,) and ``P̄`` (S, S) are read, the adjoints of the node inputs and transitions are unused here.
+    """
+
+    t: RunTables
+    hf: HostFilter
+    pred: HostFilter
+    absorb: HostFilter
+    T: np.ndarray
+    reads: dict
+    grid_mean: np.ndarray | None
+    grid_cov: np.ndarray | None
+    slot_mean: np.ndarray | None
+    slot_cov: np.ndarray | None
+    adjoints: tuple
+
+
+def _reverse_buffers(t: RunTables, hf: HostFilter, Rs: np.ndarray, ys: np.ndarray, T: np.ndarray, Qb: np.ndarray,
+                     nodes: bool, grid: bool) -> _Reverse:
+    """The one-sub-step filters, zeroed outputs and zeroed adjoints of the reverse pass over ``t``.
+
+    ``Rs`` (T, M, K, K) and ``ys`` (T, M K) are the node factors and data of :func:`filter_inputs`, ``T`` and
+    ``Qb`` its block transition and noise; they give the shapes of the adjoints and of the node outputs.
+    """
+    n_sub = int(t.block_index.size)
+    pred = HostFilter(dataclasses.replace(t, chunk=1, n_chunks=n_sub))
+    absorb = HostFilter(dataclasses.replace(t, chunk=1, n_chunks=n_sub, predict=np.zeros_like(t.predict)))
+    K, C, S = t.K, t.block, t.n_states
+    reads = read_schedule(t) if grid else {}
+    grid_mean = np.zeros((t.n_blocks * C, K)) if grid else None
+    grid_cov = np.zeros((t.n_blocks * C, K, K)) if grid else None
+    adjoints = (np.zeros_like(Rs), np.zeros_like(ys), np.zeros_like(T), np.zeros_like(Qb), np.zeros(S),
+                np.zeros((S, S)))
+    slot_mean = np.zeros(ys.shape[:1] + (ys.shape[1] // K, K)) if nodes else None  # (T, M, K)
+    slot_cov = np.zeros(Rs.shape) if nodes else None  # (T, M, K, K)
+    return _Reverse(t, hf, pred, absorb, T, reads, grid_mean, grid_cov, slot_mean, slot_cov, adjoints)
+
+
+def _warn_accuracy(t: RunTables, code: int, rounding: float) -> None:
+    """Warn (:class:`NumericalAccuracyWarning`) where the run's smoothed moments miss the package's tolerance:
+    ``code`` the forward pass's status (:func:`.filter.describe_code`), ``rounding`` :func:`variance_rounding`.
+    The warnings' ``stacklevel`` names the caller of :func:`smooth_run`'s caller."""
     if code >> LEVEL_SHIFT:
-        warnings.warn(f"state_space latent posterior: {describe_code(code)}", NumericalAccuracyWarning, stacklevel=3)
+        warnings.warn(f"state_space latent posterior: {describe_code(code)}", NumericalAccuracyWarning, stacklevel=4)
     if rounding > 2.0 * ROUNDING_LIMIT:
         lam = rounding / (EPS * update_rank(t))
         warnings.warn(
@@ -283,7 +315,20 @@ def smooth_run(theta, run: SSRun, *, nodes: bool = True, grid: bool = True) -> R
             f"relative rounding of about {rounding:.0e} (sds about half that): below the noise they resolve, but "
             "above the package's 1e-6; float64 covariances cannot do better at this precision (the dense and "
             "grouped backends have the same limit): bound the noise sds away from zero (a noise floor above about "
-            "1e-5 of the signal) for tighter sds", NumericalAccuracyWarning, stacklevel=3)
+            "1e-5 of the signal) for tighter sds", NumericalAccuracyWarning, stacklevel=4)
+
+
+def _reverse_pass(rev: _Reverse, args: tuple, sm, sP, last: list) -> None:
+    """The reverse pass over every chunk, last first, filling ``rev``'s outputs.
+
+    ``args`` is ``(A, R blocks, ỹ, T, Q_y)`` as :meth:`.host.HostFilter.recompute` reads them, ``sm``, ``sP`` the
+    forward pass's chunk-start states and ``last`` its kept entries of the last chunk. As in
+    :meth:`.host.HostFilter.backward`, with two cores and enough work per sub-step, chunk c - 1 is recomputed on a
+    second thread while the reverse pass walks back through chunk c (BLAS and most NumPy loops release the GIL).
+    """
+    t, hf = rev.t, rev.hf
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="msrm-smooth") if (
+        t.n_chunks > 2 and hf.pipeline_pays and runtime.physical_cores() >= 2) else None
     with one_blas_thread():
         nxt = None
         try:
@@ -296,17 +341,36 @@ def smooth_run(theta, run: SSRun, *, nodes: bool = True, grid: bool = True) -> R
                     kept = nxt.result() if nxt is not None else hf.recompute(c, *args, sm, sP, hf.buffers())
                 if pool is not None and c > 0:
                     nxt = pool.submit(hf.recompute, c - 1, *args, sm, sP, hf.buffers())
-                reverse_chunk(c, kept)
+                _reverse_chunk(rev, c, kept)
         finally:
             if pool is not None:
                 pool.shutdown(wait=True, cancel_futures=True)
-    loglik = -0.5 * float(data_term) + float(ll)
-    node_mean = node_cov = None
-    if nodes:
-        node_mean, node_cov = node_moments(t, slot_mean, slot_cov, run.gp.layout.n_nodes)
-    J = t.n_steps
-    return RunSmooth(loglik, node_mean, node_cov, None if grid_mean is None else grid_mean[:J],
-                     None if grid_cov is None else grid_cov[:J])
+
+
+def _reverse_chunk(rev: _Reverse, c: int, kept: list) -> None:
+    """The reverse pass over chunk c, one sub-step at a time: the prediction's transpose, the grid values and
+    the sub-step's nodes read there (the absorbed state), then the absorb's transpose. ``kept`` holds the
+    chunk's entries of the forward pass, one per sub-step; each is dropped once passed."""
+    t, hf, T = rev.t, rev.hf, rev.T
+    C, K = t.block, t.K
+    Rsb, yb, Tb, Qbb, mb, Pb = rev.adjoints
+    for j in reversed(range(len(kept))):
+        i = c * t.chunk + j
+        k = kept[j]
+        if t.predict[i]:
+            rev.pred.reverse_chunk(i, [dict(m=k["m"], P=k["P"], R=0, FPs=k["FPs"], ms=k["ms"])], T, 1.0, Rsb, yb,
+                                   Tb, Qbb, mb, Pb)
+        blocks = rev.reads.get(i)
+        if blocks:
+            for b in blocks:
+                r = hf.ring_row(b)
+                mR, PR = absorbed_rows(k, r, C * K)
+                grid_block(mR, PR, mb, Pb, r, C, K, rev.grid_mean[b * C:(b + 1) * C], rev.grid_cov[b * C:(b + 1) * C])
+        if k["R"]:
+            if rev.slot_mean is not None:
+                node_block(k, mb, Pb, hf.occupied(i), rev.slot_mean[i], rev.slot_cov[i])
+            rev.absorb.reverse_chunk(i, [k], T, 1.0, Rsb, yb, Tb, Qbb, mb, Pb)
+        kept[j] = None
 
 
 class _LastSmooth:
