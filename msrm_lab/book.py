@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from html import escape as html_escape
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -26,7 +27,7 @@ import pandas as pd
 from .paths import repo_root
 
 __all__ = [
-    "REFERENCE_LABEL", "NOT_MEASURED", "GPU_COLUMN", "NOT_IN_BUILD", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
+    "REFERENCE_LABEL", "NOT_MEASURED", "GPU_COLUMN", "NOT_IN_BUILD", "MISSING", "bytes_text", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
     "device_summary", "reference_rows", "figure_paths", "fmt", "show_table", "figure_markdown", "show_figures",
     "devices_in", "param_columns", "pick", "run_statuses", "profile_sittings", "spread",
 ]
@@ -37,6 +38,10 @@ NOT_MEASURED = "not yet measured"
 # not measured, not infer it from a missing column.
 GPU_COLUMN = "GPU"
 NOT_IN_BUILD = "not measured in this build"
+# a cell of a measured device's column that has no row (another device measured that size or case)
+MISSING = "–"
+# byte counts are shown in decimal units: (threshold, divisor, unit), largest first
+_BYTE_UNITS = ((1e12, 1e12, "TB"), (1e9, 1e9, "GB"), (1e6, 1e6, "MB"), (1e3, 1e3, "kB"))
 # Preferred profile when a device has several: the note's scale first, then full recordings, then quick.
 PROFILE_ORDER = ("note", "full", "quick", "smoke")
 BASE_COLUMNS = ("device", "profile", "notebook", "experiment", "metric", "value", "unit", "status")
@@ -118,10 +123,19 @@ def _preferred(df: pd.DataFrame) -> pd.DataFrame:
     return df[r == best]
 
 
-def _cell(status: str, value) -> object:
+def bytes_text(value) -> str:
+    """A byte count in decimal units with 3 significant digits: ``1312779600`` -> ``"1.31 GB"``."""
+    v = float(value)
+    for threshold, divisor, unit in _BYTE_UNITS:
+        if abs(v) >= threshold:
+            return f"{v / divisor:.3g} {unit}"
+    return f"{v:.0f} B"
+
+
+def _cell(status: str, value, unit=None) -> object:
     shown = status in ("measured", "projected")
     if shown and value is not None and not (isinstance(value, float) and math.isnan(value)):
-        return value
+        return bytes_text(value) if unit == "bytes" and isinstance(value, (int, float)) else value
     return _STATUS_TEXT.get(status, NOT_MEASURED)
 
 
@@ -145,8 +159,9 @@ def device_table(
     devices: Sequence[str] | None = None,
     gpu_column: bool = True,
 ) -> pd.DataFrame:
-    """Side-by-side table of one notebook's rows: one column per device label present in ``df`` (or per device
-    and profile), whether or not that device ran this notebook.
+    """Side-by-side table of one notebook's rows: one column per device (or device and profile) that has a row
+    among the selected ones; a device that has none gets no column but a name in ``table.attrs["unmeasured"]``,
+    which :func:`show_table` prints as one line under the table.
 
     Args:
         df: from :func:`load_results`.
@@ -154,32 +169,33 @@ def device_table(
         experiment, metric: keep only these (a name or a list).
         index: row labels, any columns of ``df`` (params included).
         all_profiles: one column per (device, profile) instead of the preferred profile per device.
-        devices: further columns to show even when they have no row (then "not yet measured").
-        gpu_column: when no ``cuda-*`` label is present in ``df`` or ``devices``, add a last column
-            :data:`GPU_COLUMN` whose cells read :data:`NOT_IN_BUILD`.
+        devices: further devices the reader should hear about: each without a row is named as unmeasured.
+        gpu_column: when no ``cuda-*`` device has a row or is named in ``devices``, name :data:`GPU_COLUMN` as
+            unmeasured too.
 
     Returns:
-        A DataFrame indexed by ``index``; cells hold the measured value or "not yet measured" (status
-        ``not_yet_measured`` or no row at all), "refused" or "error". When one cell has several rows the
-        latest (by ``info_timestamp``) wins.
+        A DataFrame indexed by ``index``; cells hold the measured value (a byte count as text in kB/MB/GB/TB),
+        "not yet measured" (status ``not_yet_measured``), "refused", "error" or :data:`MISSING` (no row for that
+        device); rows with nothing measured on any device are left out. When one cell has several rows the latest
+        (by ``info_timestamp``) wins. ``attrs["unmeasured"]``: the devices (and the GPU) without a column.
     """
-    table = _device_table(df, notebook, experiment, metric, index, all_profiles=all_profiles,
-                          devices=sorted(set(devices or ()) | (set() if all_profiles else set(devices_in(df)))))
-    labels = set(devices or ()) | set(devices_in(df))
-    if gpu_column and not any(str(d).startswith("cuda-") for d in labels):
-        table[GPU_COLUMN] = NOT_IN_BUILD
+    table = _device_table(df, notebook, experiment, metric, index, all_profiles=all_profiles)
+    shown = {str(c).split(" (")[0] for c in table.columns}
+    unmeasured = sorted((set(devices or ()) | set(devices_in(df))) - shown)
+    if gpu_column and not any(str(d).startswith("cuda-") for d in shown | set(unmeasured)):
+        unmeasured.append(GPU_COLUMN)
+    table.attrs["unmeasured"] = unmeasured
     return table
 
 
-def _device_table(df, notebook, experiment, metric, index, *, all_profiles, devices) -> pd.DataFrame:
+def _device_table(df, notebook, experiment, metric, index, *, all_profiles) -> pd.DataFrame:
     sub = df[df["notebook"] == notebook] if "notebook" in df else df.iloc[0:0]
     for col, want in (("experiment", experiment), ("metric", metric)):
         if want is not None:
             sub = sub[sub[col].isin([want] if isinstance(want, str) else list(want))]
     index = list(index)
     if sub.empty:  # nothing measured yet for this notebook: no params columns to index by either
-        columns = sorted(set(devices or ())) or [NOT_MEASURED]
-        return pd.DataFrame(NOT_MEASURED, index=pd.Index([NOT_MEASURED], name="experiment"), columns=columns)
+        return pd.DataFrame(index=pd.Index([], name="experiment"))
     missing = [c for c in index if c not in df.columns]
     if missing and (sub["status"] == "measured").any():
         raise KeyError(f"device_table({notebook!r}): index columns {missing} are not in the results "
@@ -192,32 +208,36 @@ def _device_table(df, notebook, experiment, metric, index, *, all_profiles, devi
     sub["column"] = sub["device"] if not all_profiles else sub["device"] + " (" + sub["profile"] + ")"
     if "info_timestamp" in sub:
         sub = sub.sort_values("info_timestamp", na_position="first", kind="stable")
-    sub["cell"] = [_cell(s, v) for s, v in zip(sub["status"], sub["value"])]
-    columns = sorted(set(sub["column"]) | set(devices or ()))
-    if sub.empty:
-        return pd.DataFrame(NOT_MEASURED, index=pd.Index([NOT_MEASURED], name="experiment"), columns=columns or
-                            [NOT_MEASURED])
+    sub["cell"] = [_cell(s, v, u) for s, v, u in zip(sub["status"], sub["value"], sub["unit"])]
+    sub["measured"] = sub["status"].isin(("measured", "projected", "refused", "error"))
+    if not sub["measured"].any():
+        return pd.DataFrame(index=pd.Index([], name="experiment"))
     for c in index:
         sub[c] = [_label(v) for v in sub[c]]
-    table = sub.groupby(index + ["column"], sort=False, dropna=False)["cell"].last().unstack("column")
-    table = table.reindex(columns=columns).astype(object)
-    table = table.where(table.notna(), NOT_MEASURED)
+    keys = index + ["column"]
+    sub = sub.groupby(keys, sort=False, dropna=False)[["cell", "measured"]].last()
+    measured = sub["measured"].groupby(level=index, sort=False, dropna=False).any()
+    columns = sorted(set(sub.loc[sub["measured"]].index.get_level_values("column")))
+    table = sub["cell"].unstack("column").reindex(columns=columns).astype(object)
+    table = table.loc[measured.reindex(table.index).to_numpy()]
+    table = table.where(table.notna(), MISSING)
     table.columns.name = None
     return table
 
 
 def device_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per device: profiles present, CPU model, cores, backend, device kind, BLAS kernel, JAX, commit."""
+    """One row per device: profiles present, backend and device kind, CPU model, cores, BLAS kernel, JAX, the
+    commit and date of its latest row."""
     if df.empty:
-        return pd.DataFrame(columns=["device", "profiles", "rows"])
+        return pd.DataFrame(columns=["device", "profiles", "backend"])
     out = []
     for device, g in df.groupby("device", sort=True):
         last = g.sort_values("info_timestamp", na_position="first").iloc[-1]
         out.append({
             "device": device,
             "profiles": ", ".join(p for p in PROFILE_ORDER if p in set(g["profile"])) or ", ".join(sorted(set(g["profile"]))),
-            "rows": len(g),
-            "backend": last.get("info_backend"), "device kind": last.get("info_device_kind"),
+            "backend": " ".join(str(v) for v in (last.get("info_backend"), last.get("info_device_kind"))
+                                if v is not None and not (isinstance(v, float) and math.isnan(v))) or None,
             "CPU": last.get("info_cpu_model"), "physical cores": last.get("info_physical_cores"),
             "BLAS kernel": last.get("info_blas_kernel"), "jax": last.get("info_jax"),
             "commit": (str(last.get("info_git_commit") or "")[:12]) or None,
@@ -316,14 +336,25 @@ def _format_cell(v) -> str:
 
 
 def show_table(table: pd.DataFrame, caption: str | None = None, *, kind: str = "device"):
-    """Display a table as HTML with the class ``msrm-<kind>-table`` (the rendered-book check looks for it)."""
+    """Display a table as HTML with the class ``msrm-<kind>-table`` (the rendered-book check looks for it), and
+    under it one line naming the devices in ``table.attrs["unmeasured"]`` (see :func:`device_table`). A table
+    with no rows is one line instead."""
     from IPython.display import HTML, display
 
-    html = table.map(_format_cell).to_html(classes=["msrm-table", f"msrm-{kind}-table"], na_rep=NOT_MEASURED,
+    unmeasured = list(table.attrs.get("unmeasured", ()))
+    note = ""
+    if unmeasured:
+        names = ", ".join("a GPU" if d == GPU_COLUMN else d for d in unmeasured)
+        note = f'<p class="msrm-unmeasured">Not measured on: {html_escape(names)}.</p>'
+    if table.empty:
+        what = f" ({html_escape(caption)})" if caption else ""
+        display(HTML(f'<p class="msrm-unmeasured">No rows measured yet{what}.</p>' + note))
+        return
+    html = table.map(_format_cell).to_html(classes=["msrm-table", f"msrm-{kind}-table"], na_rep=MISSING,
                                            escape=True, border=0)
     if caption:
         html = html.replace(">\n  <thead>", f">\n  <caption>{caption}</caption>\n  <thead>", 1)
-    display(HTML(html))
+    display(HTML(html + note))
 
 
 def figure_markdown(path: Path, name: str, caption: str, base: Path | None = None, width: str = "90%") -> str:

@@ -61,7 +61,7 @@ def where(row) -> str:
 
 
 def provenance_table(df: pd.DataFrame, cases: Sequence[tuple[str, str, str, str, dict]]) -> pd.DataFrame:
-    """One line per (quantity, experiment, device): the value, its unit and where the row came from.
+    """One line per (quantity, experiment, device): the value with its unit and where the row came from.
 
     ``cases``: ``(quantity label, notebook, experiment, metric, params)``.
     """
@@ -71,12 +71,12 @@ def provenance_table(df: pd.DataFrame, cases: Sequence[tuple[str, str, str, str,
         if rows.empty:
             lines.append({"quantity": label, "notebook": notebook, "experiment": experiment, "device": "",
                           "profile": "", "commit": "", "measured at (UTC)": "", "load (1 min)": "",
-                          "value": mb.NOT_MEASURED, "unit": ""})
+                          "value": "no row yet"})
             continue
         for _, r in rows.iterrows():
             lines.append({"quantity": label, "notebook": notebook, "experiment": experiment, "device": r["device"],
                           "profile": r["profile"], "commit": str(r.get("info_git_commit") or "")[:7],
                           "measured at (UTC)": str(r.get("info_timestamp") or "")[:16].replace("T", " "),
-                          "load (1 min)": r.get("info_load_average_1m"), "value": r["value"],
-                          "unit": r.get("unit") or ""})
+                          "load (1 min)": r.get("info_load_average_1m"),
+                          "value": mb.fmt(r["value"], r.get("unit") or None)})
     return pd.DataFrame(lines).set_index(["quantity", "notebook", "experiment", "device"])

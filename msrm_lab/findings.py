@@ -2,7 +2,8 @@
 
 :func:`findings_table` gives one row per finding: a paraphrase, the note's own figure (from
 :func:`msrm_lab.book.reference_rows`, with its device), this project's figure on every device label present
-(and a GPU column when no ``cuda-*`` label is present), a verdict and the chapter that holds the evidence.
+(with no ``cuda-*`` label, ``attrs["unmeasured"]`` names the GPU instead of a column of placeholders), a
+verdict and the chapter that holds the evidence.
 :func:`decision_table` answers "which backend, which method, which device" per problem size from the rows.
 
 A finding holds one or more :class:`Check` s. The first is the finding's primary check: it decides the verdict.
@@ -312,8 +313,6 @@ def findings_table(df: pd.DataFrame, ref: pd.DataFrame | None = None,
                 elif v not in (None, NOT_ON_BUILD):
                     secondary_verdicts.append((c.label, v))
             row[device] = "; ".join(cells)
-        if not any(is_gpu(d) for d in devices):
-            row[GPU_COLUMN] = NOT_ON_BUILD
         first = f.checks[0]
         if first.rule == "runs_on_gpu":
             v = _gpu_rows_state(df, first)
@@ -325,7 +324,13 @@ def findings_table(df: pd.DataFrame, ref: pd.DataFrame | None = None,
         row["verdict"] = v + (f" ({'; '.join(dict.fromkeys(others))})" if others else "")
         row["chapter"] = ", ".join(_link(c) for c in f.chapters)
         out.append(row)
-    return pd.DataFrame(out).set_index("finding")
+    table = pd.DataFrame(out).set_index("finding")
+    # a device none of whose checks was measured gets no column (named in attrs["unmeasured"] instead)
+    silent = [d for d in devices
+              if all(part.endswith(NOT_ON_BUILD) for cell in table[d] for part in str(cell).split("; "))]
+    table = table.drop(columns=silent)
+    table.attrs["unmeasured"] = silent + ([] if any(is_gpu(d) for d in devices) else [GPU_COLUMN])
+    return table
 
 
 # --- the seven findings -------------------------------------------------------------------------------------
@@ -491,8 +496,9 @@ def _decide(rows: pd.DataFrame, case: DecisionCase) -> str:
 def decision_table(df: pd.DataFrame, cases: tuple | None = None) -> pd.DataFrame:
     """Which backend, method and device per problem class, from the rows: per device label, the best measured
     candidate and its value, then the other candidates' values or the reason they were not measured (a
-    budget or memory-guard refusal recorded in the row). A GPU column reads "not measured on this build" when
-    no ``cuda-*`` label is present."""
+    budget or memory-guard refusal recorded in the row), or :data:`msrm_lab.book.MISSING` for a case the device did
+    not run. A device that ran none of the cases has no column, and with no ``cuda-*`` label there is no GPU
+    column: ``attrs["unmeasured"]`` names them (the GPU as :data:`GPU_COLUMN`)."""
     cases = DECISIONS if cases is None else cases
     devices = mb.devices_in(df) if not df.empty else []
     out = []
@@ -500,10 +506,13 @@ def decision_table(df: pd.DataFrame, cases: tuple | None = None) -> pd.DataFrame
         row = {"problem": case.problem, "question": case.question}
         for device in devices:
             row[device] = _decide(df[df["device"] == device], case)
-        if not any(is_gpu(d) for d in devices):
-            row[GPU_COLUMN] = NOT_ON_BUILD
         out.append(row)
-    return pd.DataFrame(out).set_index(["problem", "question"])
+    table = pd.DataFrame(out).set_index(["problem", "question"])
+    # a device that measured none of the cases gets no column; in the others a case it did not run reads MISSING
+    silent = [d for d in devices if (table[d] == NOT_ON_BUILD).all()]
+    table = table.drop(columns=silent).replace(NOT_ON_BUILD, mb.MISSING)
+    table.attrs["unmeasured"] = silent + ([] if any(is_gpu(d) for d in devices) else [GPU_COLUMN])
+    return table
 
 
 def devices_title(df: pd.DataFrame) -> str:

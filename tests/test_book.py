@@ -56,19 +56,22 @@ def test_load_results_flattens_rows_and_skips_failed_and_torn(results):
     assert mb.load_results(results.parent / "nothing-here").empty
 
 
-def test_device_table_side_by_side_prefers_note_and_says_not_yet_measured(results):
+def test_device_table_side_by_side_prefers_note_and_names_unmeasured_devices(results):
     df = mb.load_results(results)
     t = mb.device_table(df, "linalg", metric="median_s", index=["experiment", "n"], devices=["cpu-b-4c"])
-    assert list(t.columns) == ["cpu-a-2c", "cpu-b-4c", "cuda-h200"]
+    # cpu-b-4c has no row: no column, named once as unmeasured; the GPU has rows, so no GPU stand-in
+    assert list(t.columns) == ["cpu-a-2c", "cuda-h200"]
+    assert t.attrs["unmeasured"] == ["cpu-b-4c"]
     assert t.loc[("matmul", 512), "cpu-a-2c"] == 1.5          # note profile wins over quick
-    assert t.loc[("matmul", 1024), "cpu-a-2c"] == mb.NOT_MEASURED  # only quick measured it; note preferred
-    assert t.loc[("matmul", 1024), "cuda-h200"] == mb.NOT_MEASURED  # status not_yet_measured
-    assert t.loc[("matmul", 512), "cpu-b-4c"] == mb.NOT_MEASURED     # device without rows
+    assert t.loc[("matmul", 512), "cuda-h200"] == 0.1
+    # n=1024: only quick measured it on cpu-a (note preferred) and cuda said not_yet_measured: nothing measured
+    assert ("matmul", 1024) not in t.index
     both = mb.device_table(df, "linalg", index=["n"], all_profiles=True)
     assert both.loc[512, "cpu-a-2c (quick)"] == 2.0 and both.loc[512, "cpu-a-2c (note)"] == 1.5
     assert both.loc[1024, "cpu-a-2c (quick)"] == 9.0
+    assert both.loc[1024, "cpu-a-2c (note)"] == mb.MISSING and both.loc[1024, "cuda-h200 (quick)"] == mb.NOT_MEASURED
     empty = mb.device_table(df, "state_space")
-    assert (empty == mb.NOT_MEASURED).all().all()
+    assert empty.empty and empty.attrs["unmeasured"] == ["cpu-a-2c", "cuda-h200"]
     with pytest.raises(KeyError, match="width"):
         mb.device_table(df, "linalg", index=["width"])
     assert mb.pick(df, "linalg", "matmul", "median_s", n=512)[1:] == ("cpu-a-2c", "note")
@@ -87,20 +90,31 @@ def test_pick_quotes_the_most_recent_device_of_the_preferred_profile(tmp_path):
     assert mb.pick(df[df.device != "cpu-b-2c"], "linalg", "matmul", "median_s") == (1.5, "cpu-a-2c", "note")
 
 
-def test_device_table_has_a_column_per_device_and_a_gpu_placeholder(tmp_path):
-    _rows(tmp_path, "cpu-a-avx2-2c", "note", "linalg", [make_row("linalg", "matmul", "median_s", 1.5, "s",
-                                                                 info=INFO, n=512)])
+def test_device_table_names_the_gpu_and_silent_devices_in_one_line_and_scales_bytes(tmp_path):
+    _rows(tmp_path, "cpu-a-avx2-2c", "note", "linalg", [
+        make_row("linalg", "matmul", "median_s", 1.5, "s", info=INFO, n=512),
+        make_row("linalg", "matmul", "peak", 1_312_779_600, "bytes", info=INFO, n=512),
+        make_row("linalg", "matmul", "peak", 2048, "bytes", info=INFO, n=4)])
     _rows(tmp_path, "cpu-a-avx512-2c", "note", "state_space", [make_row("state_space", "speed", "median_s", 0.2,
                                                                         "s", info=INFO)])
     df = mb.load_results(tmp_path)
-    t = mb.device_table(df, "linalg", metric="median_s", index=["experiment", "n"])
-    # the AVX-512 device ran no linalg row and still has its column; no cuda-* label: the GPU stands in
-    assert list(t.columns) == ["cpu-a-avx2-2c", "cpu-a-avx512-2c", mb.GPU_COLUMN]
-    assert t.loc[("matmul", 512), "cpu-a-avx512-2c"] == mb.NOT_MEASURED
-    assert (t[mb.GPU_COLUMN] == mb.NOT_IN_BUILD).all()
-    assert mb.GPU_COLUMN not in mb.device_table(df, "linalg", index=["n"], gpu_column=False).columns
-    with_gpu = mb.device_table(df, "linalg", index=["n"], devices=["cuda-h200"])
-    assert list(with_gpu.columns) == ["cpu-a-avx2-2c", "cpu-a-avx512-2c", "cuda-h200"]
+    t = mb.device_table(df, "linalg", index=["metric", "n"])
+    assert list(t.columns) == ["cpu-a-avx2-2c"]
+    assert t.attrs["unmeasured"] == ["cpu-a-avx512-2c", mb.GPU_COLUMN]
+    assert t.loc[("peak", 512), "cpu-a-avx2-2c"] == "1.31 GB" and t.loc[("peak", 4), "cpu-a-avx2-2c"] == "2.05 kB"
+    assert mb.device_table(df, "linalg", index=["n"], gpu_column=False).attrs["unmeasured"] == ["cpu-a-avx512-2c"]
+    assert mb.bytes_text(999) == "999 B" and mb.bytes_text(6.7e12) == "6.7 TB"
+    shown = []
+    import IPython.display as ipd
+    real = ipd.display
+    ipd.display = shown.append
+    try:
+        mb.show_table(t, caption="peaks")
+        mb.show_table(mb.device_table(df, "gp_grouped"), caption="nothing")
+    finally:
+        ipd.display = real
+    assert "Not measured on: cpu-a-avx512-2c, a GPU." in shown[0].data and "<caption>peaks</caption>" in shown[0].data
+    assert "<table" not in shown[1].data and "No rows measured yet (nothing)" in shown[1].data
 
 
 def _status(folder: Path, notebook: str, status: str, wall: float, commit: str = "abc1234def") -> None:
@@ -174,6 +188,40 @@ def test_book_check_catches_broken_pages(tmp_path):
     assert "request left 127.0.0.1: http://example.invalid/x.png" in text
     assert "no MathJax output" in text
     assert "device cpu-a-2c has results but is a column of no device table" in text
+
+
+def test_static_check_holds_pages_to_what_a_reader_should_see(tmp_path):
+    from msrm_lab.notebooks.check_book import MAX_TABLE_CELLS, page_failures, static_check
+
+    wide = "<tr>" + "<td>1</td>" * (MAX_TABLE_CELLS + 1) + "</tr>"
+    bad = ("<html><body><nav><img src='logo.png'></nav><article role='main'>"
+           f"<table><caption>Wide one</caption>{wide}</table>"
+           "<table><caption>Holes</caption><tr><th>n</th><td>not yet measured</td><td>Not measured in this build</td>"
+           "</tr></table>"
+           "<table><caption>Memory</caption><tr><th>peak</th><th>bytes</th><td>1,312,779,600</td></tr></table>"
+           "<img src='bare.png'>"
+           "<figure><img src='empty.png'><figcaption> </figcaption></figure>"
+           "<div class='output text_plain'><pre>[]</pre></div>"
+           "</article></body></html>")
+    text = "\n".join(page_failures(bad, "p.html"))
+    assert f"'Wide one' is {MAX_TABLE_CELLS + 1} cells wide" in text
+    assert "'Holes' shows 2 placeholder cell(s), 2 column(s) of nothing else" in text
+    assert "'Memory' shows raw byte counts, e.g. 1,312,779,600" in text
+    assert "bare.png has no caption" in text and "empty.png has no caption" in text
+    assert "logo.png" not in text  # outside the main content
+    assert "stray output '[]'" in text
+    good = ("<html><body><article role='main'><table><caption>Memory</caption><tr><th>peak</th><th>bytes</th>"
+            "<td>1.31 GB</td><td>3,640,000 draws</td></tr>"
+            "<tr><th>gpu</th><th>x</th><th>1</th><td>not yet measured</td><td>2</td></tr></table>"
+            "<figure><img src='a.png'><figcaption><p>Latents against time (s).</p></figcaption></figure>"
+            "<div class='output text_html'><p>a long enough HTML output that is not a stray repr</p></div>"
+            "</article></body></html>")
+    assert page_failures(good, "p.html") == []
+    (tmp_path / "index.html").write_text(good)
+    (tmp_path / "bad.html").write_text(bad)
+    assert len(static_check(tmp_path)) == 6 and all(f.startswith("bad.html: ") for f in static_check(tmp_path))
+    with pytest.raises(ValueError, match="holds no index.html"):
+        static_check(tmp_path / "nowhere")
 
 
 @pytest.fixture(scope="module")

@@ -68,15 +68,14 @@ def test_reference_range_parses_ranges_and_units():
         fz.reference_range("many", "s")
 
 
-def test_table_has_one_column_per_device_and_a_gpu_placeholder():
+def test_table_has_one_column_per_device_and_names_the_missing_gpu():
     df = _df([_row("cpu-a-2c", "rmsrm", "restart", "wall_s", 20.0),
               _row("cpu-b-2c", "rmsrm", "restart", "wall_s", 100.0)])
     t = fz.findings_table(df, REF, findings=(RESTART,))
-    assert list(t.columns) == [f"note ({mb.REFERENCE_LABEL})", "cpu-a-2c", "cpu-b-2c", fz.GPU_COLUMN, "verdict",
-                               "chapter"]
+    assert list(t.columns) == [f"note ({mb.REFERENCE_LABEL})", "cpu-a-2c", "cpu-b-2c", "verdict", "chapter"]
+    assert t.attrs["unmeasured"] == [fz.GPU_COLUMN]
     row = t.loc["a restart"]
     assert row["cpu-a-2c"] == "restart: 20 s" and row["cpu-b-2c"] == "restart: 100 s"
-    assert row[fz.GPU_COLUMN] == fz.NOT_ON_BUILD
     assert row["verdict"] == "cpu-a-2c: improved; cpu-b-2c: confirmed"
     assert row["chapter"] == "{doc}`rmsrm`"
     assert "60-120 s (cpu-64core)" in row[f"note ({mb.REFERENCE_LABEL})"]
@@ -102,7 +101,8 @@ def test_missing_rows_and_quick_profile_are_not_measured():
     df = _df([_row("cpu-a-2c", "rmsrm", "restart", "wall_s", 20.0, profile="quick"),
               _row("cpu-a-2c", "other", "x", "y", 1.0)])
     t = fz.findings_table(df, REF, findings=(RESTART, STEP))
-    assert t.loc["a restart", "cpu-a-2c"] == f"restart: {fz.NOT_ON_BUILD}"
+    # nothing measured on cpu-a-2c for these findings: no column, the device named once instead
+    assert "cpu-a-2c" not in t.columns and t.attrs["unmeasured"] == ["cpu-a-2c", fz.GPU_COLUMN]
     assert t.loc["a restart", "verdict"] == fz.NOT_ON_BUILD
     assert t.loc["a step", "verdict"] == fz.NOT_ON_BUILD
 
@@ -119,7 +119,7 @@ def test_device_class_picks_the_matching_reference():
     df = _df([_row("cpu-a-2c", "nuts", "nuts", "step_s", 0.5, K=3),
               _row("cuda-h200", "nuts", "nuts", "step_s", 0.5, K=3)])
     t = fz.findings_table(df, REF, findings=(STEP,))
-    assert fz.GPU_COLUMN not in t.columns
+    assert fz.GPU_COLUMN not in t.columns and t.attrs["unmeasured"] == []
     assert t.loc["a step", "verdict"] == "cpu-a-2c: improved; cuda-h200: confirmed"
 
 
@@ -163,7 +163,12 @@ def test_decision_table_names_best_candidate_and_refusals():
     cell = t.loc[("long", "backend"), "cpu-a-2c"]
     assert cell.startswith("state_space: 1.5 s")
     assert "dense 9 s" in cell and "grouped not measured: memory guard: 60 GB predicted" in cell
-    assert t.loc[("long", "backend"), fz.GPU_COLUMN] == fz.NOT_ON_BUILD
+    assert fz.GPU_COLUMN not in t.columns and t.attrs["unmeasured"] == [fz.GPU_COLUMN]
+    # a second case that cpu-a-2c did not run reads MISSING; a device that ran no case has no column
+    other = fz.DecisionCase("short", "backend", "ss", "speed", "median_s", "s", "backend", {})
+    t = fz.decision_table(pd.concat([df, _df([_row("cpu-z-2c", "linalg", "m", "x", 1.0)])]), cases=(case, other))
+    assert list(t.columns) == ["cpu-a-2c"] and t.loc[("short", "backend"), "cpu-a-2c"] == mb.MISSING
+    assert t.attrs["unmeasured"] == ["cpu-z-2c", fz.GPU_COLUMN]
 
 
 def test_decision_qualifier_ranks_converged_first():
@@ -186,7 +191,7 @@ def test_tables_on_the_committed_rows():
     for v in t["verdict"]:
         assert any(v.startswith(k) or f": {k}" in v for k in fz.VERDICTS), v
     for device in mb.devices_in(df):
-        assert device in t.columns
+        assert (device in t.columns) != (device in t.attrs["unmeasured"])
     assert all(c.startswith("{doc}`") for c in t["chapter"])
     d = fz.decision_table(df)
     assert len(d) == len(fz.DECISIONS)

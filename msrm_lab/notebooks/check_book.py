@@ -8,21 +8,41 @@ The HTML is served by ``http.server`` on 127.0.0.1; Playwright opens every page 
 - maths rendered: pages with maths hold MathJax output (``mjx-container``) and no raw ``\\(`` source is left;
 - no request left 127.0.0.1 (anything else is recorded and aborted), and no local request failed (a request the
   browser itself aborted counts only when that file was never served).
+
+:func:`static_check` reads the same HTML without a browser (``check-book --static``, and the ``make check-book``
+fallback where no Chromium is installed) and holds every page's main content to what a reader should see:
+
+- tables at most :data:`MAX_TABLE_CELLS` cells wide (index labels included), so their values show on the first
+  screen;
+- no column of placeholders ("not yet measured", "not measured in this build" or "on this build") and at most
+  :data:`MAX_PLACEHOLDERS` such cells per table: an unmeasured device is one line under a table, not a column;
+- no raw byte count (an integer of 7 digits or more in a row or table that speaks of bytes);
+- every image inside a ``<figure>`` with a non-empty caption;
+- no stray plain-text output (the repr of a cell's last value, e.g. ``[]`` or ``4``).
 """
 from __future__ import annotations
 
 import functools
+import html.parser
 import http.server
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-__all__ = ["CHROMIUM_ARGS", "BookReport", "check_book", "serve"]
+__all__ = ["CHROMIUM_ARGS", "MAX_PLACEHOLDERS", "MAX_TABLE_CELLS", "BookReport", "check_book", "page_failures", "serve", "static_check"]
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 _LOCAL_SCHEMES = ("data", "blob", "about")
+#: the widest table row a page may show, in cells (index labels and values)
+MAX_TABLE_CELLS = 9
+#: placeholder cells a table may show (a single "not measured" verdict is information; a column of them is not)
+MAX_PLACEHOLDERS = 2
+_PLACEHOLDERS = ("not yet measured", "not measured in this build", "not measured on this build")
+_RAW_INTEGER = re.compile(r"^-?\d{1,3}(,\d{3}){2,}$|^-?\d{7,}$")
+_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
 
 @dataclass
@@ -209,3 +229,104 @@ def check_book(html: str | Path, *, results=None, chromium: str = "/usr/bin/chro
     local_failures += [f for f in aborted if f.removeprefix("failed ") not in served]
     report.failures.extend(f"local request failed: {u}" for u in dict.fromkeys(local_failures))
     return report
+
+
+# ------------------------------------------------------------------------------------------ static check
+class _Node:
+    __slots__ = ("tag", "attrs", "children", "parent")
+
+    def __init__(self, tag: str, attrs: dict, parent):
+        self.tag, self.attrs, self.children, self.parent = tag, attrs, [], parent
+
+    def text(self) -> str:
+        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
+
+    def find(self, pred) -> list:
+        out = [self] if pred(self) else []
+        for c in self.children:
+            if not isinstance(c, str):
+                out += c.find(pred)
+        return out
+
+    def classes(self) -> set:
+        return set((self.attrs.get("class") or "").split())
+
+
+class _Tree(html.parser.HTMLParser):
+    """A forgiving DOM: an end tag closes the nearest open element of its name (and everything opened inside it)."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.root = _Node("root", {}, None)
+        self.open = self.root
+
+    def handle_starttag(self, tag, attrs):
+        node = _Node(tag, dict(attrs), self.open)
+        self.open.children.append(node)
+        if tag not in _VOID:
+            self.open = node
+
+    def handle_endtag(self, tag):
+        node = self.open
+        while node is not None and node.tag != tag:
+            node = node.parent
+        if node is not None and node.parent is not None:
+            self.open = node.parent
+
+    def handle_data(self, data):
+        self.open.children.append(data)
+
+
+def page_failures(text: str, rel: str) -> list[str]:
+    """What a reader should not see in one built page's main content (module docstring, :func:`static_check`)."""
+    tree = _Tree()
+    tree.feed(text)
+    mains = tree.root.find(lambda n: n.attrs.get("role") == "main" or n.tag == "main")
+    main = mains[0] if mains else tree.root
+    out = []
+    for i, table in enumerate(main.find(lambda n: n.tag == "table"), 1):
+        rows = table.find(lambda n: n.tag == "tr")
+        cells = [r.find(lambda n: n.tag in ("td", "th")) for r in rows]
+        widest = max((len(c) for c in cells), default=0)
+        caption = " ".join(table.find(lambda n: n.tag == "caption")[0].text().split())[:60] \
+            if table.find(lambda n: n.tag == "caption") else f"table {i}"
+        if widest > MAX_TABLE_CELLS:
+            out.append(f"{rel}: '{caption}' is {widest} cells wide (at most {MAX_TABLE_CELLS})")
+        texts = [[" ".join(c.text().split()) for c in row] for row in cells]
+        values = [[" ".join(c.text().split()) for c in row if c.tag == "td"] for row in cells]  # not labels
+        holders = sum(t.lower() in _PLACEHOLDERS for row in values for t in row)
+        width = max((len(v) for v in values), default=0)
+        columns = [[row[j] for row in values if j < len(row)] for j in range(width)]
+        empty = sum(bool(col) and all(t.lower() in _PLACEHOLDERS for t in col) for col in columns)
+        if empty or holders > MAX_PLACEHOLDERS:
+            out.append(f"{rel}: '{caption}' shows {holders} placeholder cell(s)"
+                       + (f", {empty} column(s) of nothing else" if empty else ""))
+        head_bytes = "bytes" in " ".join(t for row in texts[:2] for t in row).lower()
+        raw = [t for row, vals in zip(texts, values) for t in vals
+               if _RAW_INTEGER.match(t) and (head_bytes or "bytes" in " ".join(row).lower())]
+        if raw:
+            out.append(f"{rel}: '{caption}' shows raw byte counts, e.g. {raw[0]}")
+    for img in main.find(lambda n: n.tag == "img"):
+        fig = img.parent
+        while fig is not None and fig.tag != "figure":
+            fig = fig.parent
+        caps = fig.find(lambda n: n.tag == "figcaption") if fig is not None else []
+        if not caps or not caps[0].text().strip():
+            out.append(f"{rel}: image {img.attrs.get('src', '?')} has no caption")
+    for node in main.find(lambda n: "text_plain" in n.classes() or "output_text" in n.classes()):
+        shown = " ".join(node.text().split())
+        if shown and len(shown) <= 40:
+            out.append(f"{rel}: stray output {shown!r}")
+    return out
+
+
+def static_check(html: str | Path) -> list[str]:
+    """:func:`page_failures` of every page of the built book (``_build/html``); an empty list when all pass."""
+    html = Path(html)
+    if not (html / "index.html").is_file():
+        raise ValueError(f"html folder {str(html)!r} holds no index.html: build the book first")
+    pages = sorted(p for p in html.rglob("*.html")
+                   if not {"_static", "_sources", "_images"} & set(p.relative_to(html).parts)
+                   and p.name not in ("genindex.html", "search.html"))
+    return [f for p in pages for f in page_failures(p.read_text(encoding="utf-8"), p.relative_to(html).as_posix())]
+
