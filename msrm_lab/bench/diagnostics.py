@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from msrm_lab.budget import skip_reason, skipped_rows
 from .measure import PeakMemory
 from .rows import make_row
 
@@ -205,9 +206,14 @@ def diagnostics_rows(profile: str = "quick", *, info: dict | None = None, seed: 
     cases += [("poor_mixing", kind, poor["chains"], poor["draws"], poor["n_params"], poor["arviz_params"])
               for kind in DRAW_KINDS]
     for case, kind, chains, draws, n_params, arviz_params in cases:
-        x = draws_of_kind(kind, chains, draws, n_params, seed=seed)
         common = dict(case=case, draw_kind=kind, n_params=n_params, chains=chains, draws=draws, profile=profile,
                       num_threads=blas_threads(), fft_library=diag.fft_library())
+        reason = skip_reason()
+        if reason is not None:
+            rows += skipped_rows(NOTEBOOK, "diagnostics", reason, info=info,
+                                 metrics=(("msrm_seconds", "s"), ("arviz_seconds", "s")), **common)
+            continue
+        x = draws_of_kind(kind, chains, draws, n_params, seed=seed)
 
         def row(metric, value, unit, **extra):
             rows.append(make_row(NOTEBOOK, "diagnostics", metric, value, unit, info=info, **common, **extra))

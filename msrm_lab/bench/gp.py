@@ -36,6 +36,7 @@ import numpy as np
 
 from msrm.runtime import physical_cores
 
+from msrm_lab.budget import skip_reason, skipped_rows
 from msrm_lab.provenance import execution_info
 from .measure import PeakMemory, side_by_side, warm_median
 from .rows import make_row, write_rows
@@ -314,18 +315,17 @@ def run(profile: str = "quick", out_dir: str | Path | None = None, *, repeats: i
 
 def _run(cfg, profile, info, reps, experiments) -> list[dict]:
     rows: list[dict] = []
-    if "value_and_grad" in experiments:
-        rows += value_and_grad_rows(cfg, profile, info, reps)
-    if "parts" in experiments:
-        rows += parts_rows(cfg, profile, info, reps)
-    if "feature_sweep" in experiments:
-        rows += feature_sweep_rows(cfg, profile, info, reps)
-    if "threads" in experiments:
-        rows += threads_rows(cfg, profile, info, reps) if cfg["threads"] else [
-            make_row(NOTEBOOK, "threads", "median_s", None, "s", status="not_yet_measured", info=info,
-                     reason=f"not part of the {profile} profile", profile=profile)]
-    if "host_memory" in experiments:
-        rows += host_memory_rows(cfg, profile, info, reps)
-    if "fingerprint" in experiments:
-        rows += fingerprint_rows(cfg, profile, info)
+    parts = (("value_and_grad", value_and_grad_rows), ("parts", parts_rows), ("feature_sweep", feature_sweep_rows),
+             ("threads", threads_rows), ("host_memory", host_memory_rows), ("fingerprint", fingerprint_rows))
+    for name, rows_fn in parts:
+        if name not in experiments:
+            continue
+        reason = skip_reason()
+        if reason is not None:
+            rows += skipped_rows(NOTEBOOK, name, reason, info=info, profile=profile)
+        elif name == "threads" and not cfg["threads"]:
+            rows.append(make_row(NOTEBOOK, "threads", "median_s", None, "s", status="not_yet_measured", info=info,
+                                 reason=f"not part of the {profile} profile", profile=profile))
+        else:
+            rows += rows_fn(cfg, profile, info) if name == "fingerprint" else rows_fn(cfg, profile, info, reps)
     return rows

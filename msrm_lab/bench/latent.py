@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from .measure import PeakMemory, side_by_side
+from msrm_lab.budget import skip_reason, skipped_rows
 from .rows import make_row
 
 __all__ = ["NOTEBOOK", "SIZES", "latent_rows"]
@@ -140,7 +141,12 @@ def latent_rows(size: str, *, info=None, progress=None) -> list[dict]:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     sz = SIZES[size]
     rows: list[dict] = []
-    for case in sz["cases"]:
+    for i, case in enumerate(sz["cases"]):
+        reason = skip_reason() if i else None  # the first case always runs: the chapter's figure reads it
+        if reason is not None:
+            rows += skipped_rows(NOTEBOOK, "posterior", reason, info=info, metrics=(("posterior_median_s", "s"),),
+                                 K=case["K"], duration_scale=case["duration_scale"], profile=size)
+            continue
         if progress is not None:
             progress(f"latent posterior: K={case['K']}, duration x{case['duration_scale']:g}")
         rows += _case_rows(sz, case, info)

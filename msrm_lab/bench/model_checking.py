@@ -42,6 +42,7 @@ import numpy as np
 import data_synth
 from msrm.validation import NotConvergedError, cross_validate
 
+from msrm_lab.budget import skip_reason, skippable, skipped_rows
 from .rows import make_row
 
 __all__ = ["SIZES", "GAP_SIZES", "NOTEBOOK", "choose_k_rows", "gap_rows", "gap_scores", "PARAMETER_SOURCES"]
@@ -203,6 +204,7 @@ def _score_rows(res, n_folds: int, common: dict, info, pooled: dict) -> list[dic
     return rows
 
 
+@skippable(NOTEBOOK, "gap_calibration", (("lpd_per_value", ""),))
 def gap_rows(profile: str, *, info=None) -> list[dict]:
     """Calibration of GP-MAP's predictions across gaps in time, at the run edges and inside (module docstring);
     on the study drawn from the prior, also at the true parameters (``parameters="true"``: the same folds and

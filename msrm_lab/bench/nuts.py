@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from msrm_lab.budget import skip_reason, skipped_rows
 from .measure import PeakMemory, warm_median
 from .rows import make_row
 
@@ -142,13 +143,18 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
     u_dev = jnp.asarray(u0)
     t0 = time.perf_counter()
     jax.block_until_ready(potential_vg(u_dev))
-    row("objective_gradient", "potential_compile_s", time.perf_counter() - t0, "s")
+    pot_compile_s = time.perf_counter() - t0
+    row("objective_gradient", "potential_compile_s", pot_compile_s, "s")
     pot_s, pot_samples = warm_median(lambda: potential_vg(u_dev), repeats=cfg["repeats"], warmup=0)
     row("objective_gradient", "potential_value_and_grad_median_s", pot_s, "s", samples=pot_samples)
     row("objective_gradient", "log_density", value, "", point="initial_params(seed=0)")
     row("objective_gradient", "grad_norm", float(np.linalg.norm(grad)), "", point="initial_params(seed=0)")
-    if cfg.get("compare_methods", True):
-        other = "native" if method != "native" else "callback"
+    other = "native" if method != "native" else "callback"
+    reason = skip_reason() if cfg.get("compare_methods", True) else None
+    if reason is not None:
+        rows += skipped_rows(NOTEBOOK, "objective_gradient", reason, info=info,
+                             metrics=(("value_and_grad_median_s", "s"),), **{**common, "method": other})
+    elif cfg.get("compare_methods", True):
         alt = _model(cfg, linear_algebra, other)
         t0 = time.perf_counter()
         alt_value, alt_grad = alt.value_and_grad(u0)
@@ -170,7 +176,12 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
     nuts_params = {k: v for k, v in settings.items() if k not in ("init", "progress")}
     nuts_params["init"] = "initial_params"
 
-    # ---- one chain
+    # ---- one chain (its compilation alone takes a few times the potential's)
+    reason = skip_reason(predicted_s=2.0 * pot_compile_s)
+    if reason is not None:
+        return rows + skipped_rows(NOTEBOOK, "nuts", reason, info=info, chains=1,
+                                   metrics=(("seconds_per_leapfrog", "s"), ("phase_seconds", "s")),
+                                   **common, **nuts_params)
     with PeakMemory() as mem:
         one = sample(model, num_chains=1, pointwise_loglik=True, **settings)
     for phase in PHASES:
@@ -300,6 +311,10 @@ def chain_rows(profile: str = "quick", *, info: dict | None = None, linear_algeb
     common = dict(data_profile=cfg["profile"], n_features=cfg["n_features"], n_runs=cfg["n_runs"],
                   duration_scale=cfg.get("duration_scale", 1.0), K=cfg["n_factors"], linear_algebra=linear_algebra,
                   method=method, profile=profile, init="map", map_maxiter=cfg["map_maxiter"], **settings)
+    reason = skip_reason()
+    if reason is not None:
+        return skipped_rows(NOTEBOOK, "nuts_chain", reason, info=info, metrics=(("seconds_per_leapfrog", "s"),),
+                            **common)
     try:
         model = _model(cfg, linear_algebra, method)
     except (ImportError, NotImplementedError) as exc:

@@ -81,6 +81,7 @@ import numpy as np
 from msrm.spec import AUTO_KERNEL
 
 from ..recovery import metrics as rm
+from msrm_lab.budget import skip_reason, skipped_rows
 from .rows import make_row
 
 __all__ = ["NOTEBOOK", "SIZES", "MSRM_METHODS", "BRAIN_ONLY", "brain_only", "recovery_rows", "design_seed_rows", "fit_methods", "map_start"]
@@ -491,6 +492,10 @@ def design_seed_rows(task: tuple, *, info: dict, sizes: dict | None = None) -> d
     profile, design, seed, figure = task
     sz = SIZES[profile] if sizes is None else sizes
     seed = int(seed)
+    reason = None if figure else skip_reason()  # the chapter's figure pair always runs
+    if reason is not None:
+        return {"rows": skipped_rows(NOTEBOOK, EXPERIMENT, reason, info=info, metrics=(("design_wall_s", "s"),),
+                                     profile=profile, design=design, seed=seed), "keep": None}
     t0 = time.perf_counter()
     data, spec, truth = make_design(design, seed)
     methods = [m for m in sz["methods"] if m != "nuts" or design in sz["nuts_designs"]]

@@ -32,6 +32,7 @@ from msrm.rmsrm.loadings import residual_sum_squares
 from msrm.rmsrm.objective import compute_stats, slot_latents
 from msrm.rmsrm.prepare import default_roughness, prepare_rmsrm
 from .measure import PeakMemory, warm_median
+from msrm_lab.budget import skip_reason, skippable, skipped_rows
 from .rows import make_row
 
 __all__ = ["SIZES", "NOTEBOOK", "prepare_case", "phase_profile_rows", "ablation_rows", "restart_rows",
@@ -138,6 +139,7 @@ def phase_profile_rows(profile: str, *, info=None) -> list[dict]:
     return rows
 
 
+@skippable(NOTEBOOK, "ablation", (("s_per_iter", "s"),))
 def ablation_rows(profile: str, *, info=None) -> list[dict]:
     """reuse/dense x banded/SuperLU, side by side in this process on the same case and start."""
     sz = _size(profile)
@@ -163,6 +165,7 @@ def ablation_rows(profile: str, *, info=None) -> list[dict]:
     return rows
 
 
+@skippable(NOTEBOOK, "restart", (("wall_s", "s"),))
 def restart_rows(profile: str, *, info=None) -> list[dict]:
     """One restart of exactly restart_iter iterations (reuse + banded)."""
     sz = _size(profile)
@@ -180,6 +183,7 @@ def restart_rows(profile: str, *, info=None) -> list[dict]:
     return rows
 
 
+@skippable(NOTEBOOK, "growth", (("s_per_iter", "s"),))
 def growth_rows(profile: str, *, info=None) -> list[dict]:
     """Seconds per iteration against recording length, and the log-log slope."""
     sz = _size(profile)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .measure import PeakMemory, warm_median
+from msrm_lab.budget import skip_reason, skippable, skipped_rows
 from .rows import make_row
 
 __all__ = ["SIZES", "ladder_rows", "restart_rows", "fit_exponent"]
@@ -76,6 +77,10 @@ def ladder_rows(size: str, *, backends=None, info=None, progress=None) -> list[d
                 params = dict(backend=backend, layout=layout, scale=scale, n_features=sz["n_features"],
                               K=sz["n_factors"], profile=sz["profile"])
                 past = history.get((backend, layout), [])
+                reason = skip_reason()
+                if reason is not None:
+                    rows += skipped_rows(NOTEBOOK, "value_and_grad", reason, info=info, **params)
+                    continue
                 if len(past) >= 2:
                     slope = fit_exponent([p[0] for p in past], [p[1] for p in past])
                     predicted = past[-1][1] * (scale / past[-1][0]) ** max(slope, 1.0)
@@ -124,6 +129,7 @@ def ladder_rows(size: str, *, backends=None, info=None, progress=None) -> list[d
     return rows
 
 
+@skippable(NOTEBOOK, "restarts", (("restarts_per_min", "1/min"),))
 def restart_rows(size: str, *, info=None) -> list[dict]:
     """R-MSRM restart throughput with 1 and 2 workers through loky and Dask (restarts per minute)."""
     import data_synth

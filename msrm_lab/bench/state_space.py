@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from msrm_lab.budget import skip_reason, skippable, skipped_rows
 from .measure import PeakMemory, warm_median
 from .rows import make_row
 
@@ -141,6 +142,7 @@ def memory_rows(size: str, *, info=None) -> list[dict]:
     return rows
 
 
+@skippable(NOTEBOOK, "speed", (("median_s", "s"),))
 def speed_rows(size: str, *, info=None) -> list[dict]:
     """value+grad of state_space and grouped on the same data in one process, timed side by side (the two calls
     alternate, ``speed_repeats`` times, after one compiling call each), their ratio and agreement."""
@@ -198,6 +200,10 @@ def ladder_rows(size: str, *, info=None, progress=None) -> list[dict]:
         for scale in scales:
             params = dict(backend=backend, scale=scale, K=sz["ladder_K"], n_features=sz["n_features"],
                           profile=sz["profile"])
+            reason = skip_reason()
+            if reason is not None:
+                rows += skipped_rows(NOTEBOOK, "ladder", reason, info=info, **params)
+                continue
             if len(past) >= 2:
                 slope = fit_exponent([p[0] for p in past], [p[1] for p in past])
                 predicted = past[-1][1] * (scale / past[-1][0]) ** max(slope, 1.0)
@@ -247,6 +253,7 @@ def bank_row(value: float, event: int, exact: float, *, info=None, **params) -> 
                     reason=f"log likelihood not finite ({value}), factorization guard event {event}", **params)
 
 
+@skippable(NOTEBOOK, "banks", (("relative_error", ""),))
 def bank_rows(size: str, *, info=None) -> list[dict]:
     """Relative error of the Laguerre and rational banks against the exact density, per state count (an
     ``error`` row where a bank's filter returns no finite density)."""
@@ -272,6 +279,7 @@ def bank_rows(size: str, *, info=None) -> list[dict]:
     return rows
 
 
+@skippable(NOTEBOOK, "block", (("median_s", "s"),))
 def block_rows(size: str, *, info=None) -> list[dict]:
     """value+grad against the block length C of the sequential scan, with the per-run choice
     (:func:`msrm.gp.state_space.prepare.auto_block`, ``block="auto"``) among them; the density is the same for
@@ -292,6 +300,7 @@ def block_rows(size: str, *, info=None) -> list[dict]:
     return rows
 
 
+@skippable(NOTEBOOK, "parallel", (("parallel_over_sequential", "x"),))
 def parallel_rows(size: str, *, info=None) -> list[dict]:
     """value+grad of the associative scan against the sequential scan (same process), and their agreement."""
     import jax
@@ -412,6 +421,7 @@ def grouped_parts(model, u, seed: int = 0) -> dict:
                 run_index=index, run_nodes=int(run.layout.n_nodes))
 
 
+@skippable(NOTEBOOK, "targets", (("grouped_over_state_space", "x"),))
 def target_rows(size: str, *, info=None) -> list[dict]:
     """The three gradient targets (:data:`TARGETS`) beside their measured values, each timed by alternating calls
     in this process (median, min, max over ``repeats``):
@@ -500,6 +510,7 @@ def target_rows(size: str, *, info=None) -> list[dict]:
     return rows
 
 
+@skippable(NOTEBOOK, "accuracy_cost", (("head_over_base", "x"),))
 def accuracy_cost_rows(size: str, *, info=None) -> list[dict]:
     """What the numerically sound forms cost in time: value+grad of this code against :data:`ACCURACY_BASE` on
     the cases of the speed targets (:func:`msrm_lab.bench.commit_cost.cost_rows`: each tree in fresh processes,

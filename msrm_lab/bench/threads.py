@@ -44,6 +44,7 @@ import numpy as np
 
 from msrm.runtime import callback_threads, physical_cores
 
+from msrm_lab.budget import seconds_left, skip_reason, skipped_rows
 from msrm_lab.provenance import execution_info
 from .linalg import peak_rss_delta, potrf_potri_callback, spd_matrix
 from .measure import block
@@ -212,11 +213,12 @@ CONTENTION_PROFILES: dict[str, dict[str, Any]] = {
 CONTENTION_PROFILES["full"] = CONTENTION_PROFILES["note"]
 
 _COMPETITOR = """
-import sys
+import os
 import data_synth, msrm
+parent = os.getppid()
 data, truth = data_synth.synthetic_dataset({data_profile!r}, n_features={n_features}, n_runs=1, n_factors=3, seed=0)
 print("ready", flush=True)
-while True:
+while os.getppid() == parent:  # ends with the process that started it, even one killed before it could stop this
     msrm.fit_rmsrm(data, truth.spec, restarts=1, max_iter={max_iter}, tol=0.0, n_jobs=1, progress=False)
 """
 
@@ -300,6 +302,10 @@ def contention_rows(profile: str = "quick", *, info: dict | None = None, repeats
                   max_iter=cfg["max_iter"], restarts=1, openblas_default_threads=default_n,
                   dense_flops=flops, competitor="fit_rmsrm loop in a second process (library defaults)")
     for condition in conditions:
+        reason = skip_reason()
+        if reason is not None:
+            rows += skipped_rows(NOTEBOOK, CONTENTION_EXPERIMENT, reason, info=info, condition=condition, **common)
+            continue
         proc = _start_competitor(cfg) if condition == "loaded" else None
         try:
             load_start = load()
@@ -391,10 +397,12 @@ def _gp_case(path: str, data, spec):
 
 
 _BUSY = """
+import os
 import numpy as np
+parent = os.getppid()
 a = np.random.default_rng(0).standard_normal((600, 600))
 print("ready", flush=True)
-while True:
+while os.getppid() == parent:  # ends with the process that started it, even one killed before it could stop this
     a = np.tanh(a @ a * 1e-3)
 """
 
@@ -492,9 +500,17 @@ def gp_threads_rows(profile: str = "quick", *, info: dict | None = None, repeats
     busy = tuple(cfg.get("busy", (0,))) if busy is None else tuple(busy)
     rows: list[dict] = []
     for n_busy in busy:
+        reason = skip_reason()
+        if reason is not None:
+            rows += skipped_rows(NOTEBOOK, GP_EXPERIMENT, reason, info=info, busy_processes=n_busy, profile=profile,
+                                 paths=list(paths))
+            continue
         procs = []
         if n_busy == 0:
-            _wait_for_quiet(cfg.get("quiet_load", 1.5), cfg.get("quiet_wait_s", 0.0))
+            left = seconds_left()
+            _wait_for_quiet(cfg.get("quiet_load", 1.5),
+                            cfg.get("quiet_wait_s", 0.0) if left is None else min(cfg.get("quiet_wait_s", 0.0),
+                                                                                  max(left / 4, 0.0)))
         try:
             for _ in range(n_busy):
                 procs.append(_start_busy(cfg.get("settle_s", 2.0)))

@@ -44,6 +44,7 @@ import statistics
 import time
 from typing import Any
 
+from msrm_lab.budget import skip_reason, skipped_rows
 from .rows import make_row
 
 __all__ = ["NOTEBOOK", "SIZES", "case_map_settings", "gp_map_rows", "time_case"]
@@ -194,7 +195,13 @@ def gp_map_rows(profile: str = "quick", *, info: dict | None = None) -> list[dic
     info = info if info is not None else execution_info(include_jax=True)
     sz = SIZES[profile]
     rows: list[dict] = []
-    for case in sz["cases"]:
+    for i, case in enumerate(sz["cases"]):
+        reason = skip_reason() if i else None  # the first case always runs
+        if reason is not None:
+            rows += skipped_rows(NOTEBOOK, EXPERIMENT, reason, info=info, metrics=(("total_s", "s"),),
+                                 profile=profile, case=case["case"], linear_algebra=case["linear_algebra"],
+                                 target_s=case["target_s"])
+            continue
         repeats = int(case.get("repeats", sz["repeats"]))
         runs = []
         try:

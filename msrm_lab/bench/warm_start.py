@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from msrm_lab.budget import skippable
 from .rows import make_row
 
 __all__ = ["NOTEBOOK", "EXPERIMENT", "PROFILES", "TARGET_WARM_S", "warm_start_rows", "first_call"]
@@ -97,6 +98,7 @@ def _child(cfg: dict, linear_algebra: str, method: str, cache_dir: str, timeout_
     return json.loads(lines[-1]) | {"process_s": wall}
 
 
+@skippable(NOTEBOOK, EXPERIMENT, (("warm_over_cold", "x"),))
 def warm_start_rows(profile: str = "quick", *, info: dict | None = None, repeats: int | None = None,
                     linear_algebras: tuple[str, ...] | None = None, methods: tuple[str, ...] | None = None,
                     python: str | None = None) -> list[dict]:

@@ -1,7 +1,7 @@
 """Command line: ``python -m msrm_lab.notebooks run|check-book|label``.
 
     python -m msrm_lab.notebooks run --profile quick --device auto [--only NAME ...] [--timeout S] [--results DIR]
-                                     [--repeats N]
+                                     [--repeats N] [--budget S|none]
     python -m msrm_lab.notebooks check-book _build/html [--results DIR] [--static]
     python -m msrm_lab.notebooks label --device auto
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from .device import DEVICES
@@ -24,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--only", nargs="+", metavar="NAME", help="notebook stems to run (e.g. inventory)")
     run.add_argument("--timeout", type=float, default=None,
                      help="seconds per execution of a notebook (default: per profile)")
+    run.add_argument("--budget", default="profile",
+                     help="soft seconds per execution after which no new experiment or size starts (default: per "
+                          "profile; 'none' for no budget)")
     run.add_argument("--repeats", type=int, default=1,
                      help="executions of each notebook, each in its own process; rows hold the median (default 1)")
     run.add_argument("--results", default=None, help="results root (default: <repo>/results)")
@@ -50,6 +54,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_on_sigterm(signum, frame):  # pragma: no cover - exercised by a signal
+    raise SystemExit(128 + signum)
+
+
+def _budget(text: str) -> float | None | str:
+    if text in ("profile", "none"):
+        return None if text == "none" else text
+    try:
+        return float(text)
+    except ValueError:
+        raise SystemExit(f"--budget: expected seconds, 'profile' or 'none', got {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "_execute":
@@ -73,10 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if report.ok and not failures else 1
     from .runner import run_notebooks
 
+    # a SIGTERM (a job scheduler, `kill`) unwinds like Ctrl-C, so the running notebook's process group is stopped
+    # too instead of being left behind
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         results = run_notebooks(profile=args.profile, device=args.device, only=args.only, timeout=args.timeout,
                                 results=args.results, notebooks_dir=args.notebooks, progress=not args.no_progress,
-                                repeats=args.repeats)
+                                repeats=args.repeats, budget=_budget(args.budget))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -5,8 +5,10 @@ For each ``notebooks/NN_<stem>.ipynb`` (sorted) the runner, ``repeats`` times (o
 1. makes a hidden temporary folder ``results/<label>/<profile>/.<stem>.tmp-*`` (the book never reads it);
 2. starts a child Python (``python -m msrm_lab.notebooks _execute``) that calls ``papermill.execute_notebook`` with
    ``kernel_name="python3"``, ``cwd`` = the repository root and the parameters ``profile``, ``device`` and
-   ``out_dir`` (the temporary folder); each execution is a fresh process and kernel; the child is killed, with
-   its process group, past the time limit; the first failed execution ends the notebook's run.
+   ``out_dir`` (the temporary folder); each execution is a fresh process and kernel; in the short profiles the
+   child gets a soft deadline (:data:`DEFAULT_BUDGET_S`, :mod:`msrm_lab.budget`) after which its benchmarks start
+   no new experiment or size and record what they skipped; the child is killed, with its process group, past the
+   hard time limit; the first failed execution ends the notebook's run.
 
 Then, when every execution succeeded (papermill finished and the notebook wrote ``rows.jsonl``), the rows of the
 repeats are merged into the first one's folder (:func:`msrm_lab.notebooks.repeats.merge_rows`: median value,
@@ -14,7 +16,8 @@ spread in ``params``; figures and ``executed.ipynb`` are the first execution's) 
 ``results/<label>/<profile>/<stem>/``. On failure (an execution failed, or the repeats disagree) any earlier
 ``<stem>/`` is left untouched and the failing attempt moves to ``<stem>.failed/`` beside it.
 
-Each folder gets a ``status.json`` (ok/failed, error text, total wall time, ``repeats`` and each execution's wall
+Each folder gets a ``status.json`` (ok/failed, error text, total wall time, the budget and time limit, the rows
+skipped for the budget, ``repeats`` and each execution's wall
 time, load average and commit under ``repeat_runs``, ``execution_info``). One failing notebook never stops the
 others; :func:`run_notebooks` returns every result and the CLI's exit code says whether all passed.
 """
@@ -37,13 +40,28 @@ from msrm_lab.provenance import execution_info
 from ..paths import repo_root
 from ..processes import kill_group
 from ..bench.rows import read_rows, write_rows
+from ..budget import DEADLINE_ENV
 from .device import resolve_device
 from .repeats import merge_rows
 
-__all__ = ["PROFILES", "NotebookResult", "check_repeats", "discover", "notebook_stem", "run_notebook", "run_notebooks"]
+__all__ = ["PROFILES", "SITTING_BUDGET_S", "SHARE_WEIGHTS", "MIN_SHARE_S", "NotebookResult", "check_repeats", "discover", "notebook_stem", "run_notebook", "run_notebooks"]
 
 PROFILES = ("smoke", "quick", "note", "full")
-DEFAULT_TIMEOUT_S = {"smoke": 300.0, "quick": 480.0, "note": 5400.0, "full": 6 * 3600.0}
+SITTING_BUDGET_S = {"smoke": 240.0, "quick": 480.0, "note": None, "full": None}
+"""Soft time budget of a sitting (every notebook run once) per profile (:mod:`msrm_lab.budget`). Each notebook's
+execution gets a share of what is left of the sitting's budget, in proportion to its weight among the notebooks
+still to run (:data:`SHARE_WEIGHTS`), at least :data:`MIN_SHARE_S`; a notebook that finishes early leaves its time
+to the ones after it; experiments and sizes that would start after its share are recorded as skipped. The note and
+full profiles have none: their rows are complete or the notebook fails."""
+SHARE_WEIGHTS = {"inventory": 0.2, "synthetic_study": 0.2, "linalg": 0.5, "gradient_nuts": 3.0, "state_space": 2.0}
+"""Relative share of a sitting's budget per notebook (1 where not named): the notebooks that compile and sample
+the most get more."""
+MIN_SHARE_S = 20.0
+"""The smallest soft budget a notebook gets, even when the sitting's budget is spent (its first experiment runs)."""
+DEFAULT_TIMEOUT_S = {"smoke": 600.0, "quick": 900.0, "note": 5400.0, "full": 6 * 3600.0}
+"""Hard limit of one execution per profile: the child is killed past it. For the short profiles it lies far beyond
+the soft budget, so that work started just before the budget ran out can finish on a machine shared with other
+busy processes."""
 
 
 class NotebookResult(NamedTuple):
@@ -91,8 +109,11 @@ def discover(notebooks_dir: str | Path, only: Sequence[str] | None = None) -> li
     return [p for p in paths if names[p] & set(only)]
 
 
-def _child_env(platform: str, root: Path) -> dict[str, str]:
+def _child_env(platform: str, root: Path, deadline: float | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.pop(DEADLINE_ENV, None)
+    if deadline is not None:
+        env[DEADLINE_ENV] = repr(deadline)
     if platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
     else:
@@ -152,8 +173,9 @@ def _load_average_1m() -> float | None:
 
 
 def _execute_once(path: Path, root: Path, stem: str, tmp: Path, *, profile: str, platform: str,
-                  timeout: float) -> _Execution:
-    """Run the notebook once in a fresh child process (its own kernel) with ``out_dir=tmp``."""
+                  timeout: float, budget: float | None) -> _Execution:
+    """Run the notebook once in a fresh child process (its own kernel) with ``out_dir=tmp``; with a ``budget`` the
+    child's soft deadline is that many seconds after its start."""
     parameters = {"profile": profile, "device": platform, "out_dir": str(tmp)}
     cmd = [sys.executable, "-m", "msrm_lab.notebooks", "_execute", "--input", str(path),
            "--output", str(tmp / "executed.ipynb"), "--cwd", str(root), "--parameters", json.dumps(parameters),
@@ -161,8 +183,10 @@ def _execute_once(path: Path, root: Path, stem: str, tmp: Path, *, profile: str,
     commit = execution_info(include_jax=False).get("git_commit")
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime())
     t0 = time.perf_counter()
+    deadline = None if budget is None else time.time() + budget
     with tempfile.TemporaryFile(mode="w+") as log:
-        proc = subprocess.Popen(cmd, cwd=root, env=_child_env(platform, root), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=root, env=_child_env(platform, root, deadline), stdout=log,
+                                stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout)
@@ -208,6 +232,7 @@ def run_notebook(
     results: str | Path,
     timeout: float | None = None,
     repeats: int = 1,
+    budget: float | None | str = "profile",
 ) -> NotebookResult:
     """Execute one notebook into ``results/<label>/<profile>/<stem>/`` (see the module docstring).
 
@@ -217,7 +242,10 @@ def run_notebook(
         platform: ``"cpu"`` or ``"cuda"``, passed as the ``device`` parameter (and ``JAX_PLATFORMS=cpu`` for CPU).
         label: the device label, the first folder level under ``results``.
         results: the results root.
-        timeout: seconds for one execution of the notebook; ``None`` uses the profile's default.
+        timeout: seconds for one execution of the notebook (the hard limit); ``None`` uses the profile's default.
+        budget: the soft budget of one execution in seconds (:mod:`msrm_lab.budget`); ``"profile"`` takes the
+            profile's sitting budget (:data:`SITTING_BUDGET_S`), as for a sitting of this notebook alone, but at
+            most half of ``timeout``; ``None`` sets none. A budget given in seconds must lie below ``timeout``.
         repeats: how many times to execute it, each in its own process and hidden folder; with more than one the
             rows are merged by :func:`msrm_lab.notebooks.repeats.merge_rows` (median value, spread in ``params``)
             and the figures and ``executed.ipynb`` are the first execution's. The first failed execution stops
@@ -233,6 +261,9 @@ def run_notebook(
     timeout = DEFAULT_TIMEOUT_S[profile] if timeout is None else float(timeout)
     if not timeout > 0:
         raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+    if budget == "profile":  # the profile's budget, within half of a shorter time limit given here
+        budget = None if SITTING_BUDGET_S[profile] is None else min(SITTING_BUDGET_S[profile], 0.5 * timeout)
+    budget = _check_budget(budget, timeout)
     stem = notebook_stem(path)
     base = Path(results).resolve() / label / profile
     base.mkdir(parents=True, exist_ok=True)
@@ -244,7 +275,8 @@ def run_notebook(
         for _ in range(repeats):
             tmp = Path(tempfile.mkdtemp(prefix=f".{stem}.tmp-", dir=base))
             folders.append(tmp)
-            runs.append(_execute_once(path, root, stem, tmp, profile=profile, platform=platform, timeout=timeout))
+            runs.append(_execute_once(path, root, stem, tmp, profile=profile, platform=platform, timeout=timeout,
+                                      budget=budget))
             error = runs[-1].error
             if error is not None:
                 break
@@ -257,6 +289,8 @@ def run_notebook(
             "status": "ok" if error is None else "failed", "error": error, "wall_s": round(wall, 3),
             "started": runs[0].started,
             "parameters": {"profile": profile, "device": platform},
+            "budget_s": budget, "timeout_s": timeout,
+            "skipped_for_budget": _skipped(keep.folder),
             "repeats": repeats,
             "repeat_runs": [{"wall_s": round(r.wall_s, 3), "started": r.started,
                              "load_average_1m": r.load_average_1m, "git_commit": r.git_commit,
@@ -275,6 +309,26 @@ def run_notebook(
     finally:
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _check_budget(budget: float | None, timeout: float) -> float | None:
+    if budget is None:
+        return None
+    try:
+        budget = float(budget)
+    except (TypeError, ValueError):
+        raise ValueError(f"budget must be seconds or None, got {budget!r}") from None
+    if not 0 < budget < timeout:
+        raise ValueError(f"budget must be positive seconds below the time limit of {timeout:g} s, got {budget!r}")
+    return budget
+
+
+def _skipped(folder: Path) -> list[str]:
+    """``experiment/metric`` of every row the execution skipped for its time budget (empty when none)."""
+    if not (folder / "rows.jsonl").is_file():
+        return []
+    return [f"{r.get('experiment')}/{r.get('metric')}" for r in read_rows(folder / "rows.jsonl")
+            if (r.get("params") or {}).get("skipped_for") == "time_budget"]
 
 
 def _swap_in(tmp: Path, final: Path) -> None:
@@ -303,9 +357,14 @@ def run_notebooks(
     notebooks_dir: str | Path | None = None,
     progress: bool = True,
     repeats: int = 1,
+    budget: float | None | str = "profile",
 ) -> list[NotebookResult]:
     """Run every notebook (or those named in ``only``) for one profile on this machine's device, one after the
     other in one sitting, each ``repeats`` times (see :func:`run_notebook`).
+
+    ``budget`` is the soft budget of the whole sitting in seconds (``"profile"``: :data:`SITTING_BUDGET_S`;
+    ``None``: none), shared among the notebooks as :data:`SITTING_BUDGET_S` describes; each execution of a
+    notebook with ``repeats`` gets that notebook's share. ``timeout`` is each execution's hard limit.
 
     Returns one :class:`NotebookResult` per notebook, in order; failures are recorded, never raised. When the
     checkout's commit differs between notebooks of the sitting a warning says so on stderr (each notebook's
@@ -322,13 +381,23 @@ def run_notebooks(
     out: list[NotebookResult] = []
     commits: set[str] = set()
     bar = tqdm(paths, desc=f"{label}/{profile}", unit="notebook", disable=not progress, file=sys.stderr)
-    for p in bar:
+    hard = DEFAULT_TIMEOUT_S[profile] if timeout is None else float(timeout)
+    sitting = _check_budget(SITTING_BUDGET_S[profile] if budget == "profile" else budget, float("inf"))
+    t_start = time.perf_counter()
+    weights = [SHARE_WEIGHTS.get(notebook_stem(p), 1.0) for p in paths]
+    for i, p in enumerate(bar):
         bar.set_postfix_str(notebook_stem(p))
+        share = None
+        if sitting is not None:
+            left = float(sitting) - (time.perf_counter() - t_start)
+            share = min(max(left * weights[i] / sum(weights[i:]), MIN_SHARE_S), 0.5 * hard)
         res = run_notebook(p, profile=profile, platform=platform, label=label, results=results, timeout=timeout,
-                           repeats=repeats)
+                           repeats=repeats, budget=share)
         out.append(res)
         commits.update(_commits(res.folder))
+        skipped = _skipped(res.folder) if res.status == "ok" else []
         bar.write(f"{res.status:6s} {res.stem:24s} {res.wall_s:8.1f} s  {res.folder}"
+                  + (f"\n       {len(skipped)} rows skipped for the time budget" if skipped else "")
                   + (f"\n       {res.error.splitlines()[-1] if res.error else ''}" if res.error else ""),
                   file=sys.stderr)
     if len(commits) > 1:
