@@ -176,8 +176,11 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
     nuts_params = {k: v for k, v in settings.items() if k not in ("init", "progress")}
     nuts_params["init"] = "initial_params"
 
-    # ---- one chain (its compilation alone takes a few times the potential's)
-    reason = skip_reason(predicted_s=2.0 * pot_compile_s)
+    # ---- one chain. Predicted cost: NUTS's initialisation and compilation take several times the potential's
+    # compilation, and every iteration at most 2**max_tree_depth - 1 leapfrog steps of about one bare gradient
+    iterations = cfg["num_warmup"] + cfg["num_samples"]
+    predicted = 6.0 * pot_compile_s + iterations * (2 ** cfg["max_tree_depth"] - 1) * pot_s
+    reason = skip_reason(predicted_s=predicted)
     if reason is not None:
         return rows + skipped_rows(NOTEBOOK, "nuts", reason, info=info, chains=1,
                                    metrics=(("seconds_per_leapfrog", "s"), ("phase_seconds", "s")),

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from msrm_lab.budget import skip_reason, skipped_rows
 from .rows import make_row
 
 __all__ = ["SIZES", "reliability_rows"]
@@ -34,7 +35,10 @@ def reliability_rows(size: str, *, info=None) -> tuple[list[dict], dict]:
                  info=info),
     ]
     faults = []
-    if sz["faults"]:
+    reason = skip_reason()
+    if reason is not None:
+        rows += skipped_rows(NOTEBOOK, "faults", reason, info=info, metrics=(("injected", "faults"),), profile=size)
+    elif sz["faults"]:
         from msrm_lab.reliability.faults import run_faults
 
         faults = run_faults()
@@ -51,6 +55,10 @@ def reliability_rows(size: str, *, info=None) -> tuple[list[dict], dict]:
         rows.append(make_row(NOTEBOOK, "faults", "injected", None, "faults", status="not_yet_measured", info=info,
                              reason="fault injection is skipped in the smoke profile"))
     kills = []
+    reason = skip_reason()
+    if reason is not None:
+        rows += skipped_rows(NOTEBOOK, "sigkill", reason, info=info, metrics=(("kills", "processes"),), profile=size)
+        return rows, {"catalogue": catalogue, "faults": faults, "kills": kills}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("npz", "jsonl", "json"):
             path = Path(tmp) / f"target.{kind}"
