@@ -6,9 +6,9 @@ For each ``notebooks/NN_<stem>.ipynb`` (sorted) the runner, ``repeats`` times (o
 2. starts a child Python (``python -m msrm_lab.notebooks _execute``) that calls ``papermill.execute_notebook`` with
    ``kernel_name="python3"``, ``cwd`` = the repository root and the parameters ``profile``, ``device`` and
    ``out_dir`` (the temporary folder); each execution is a fresh process and kernel; in the short profiles the
-   child gets a soft deadline (:data:`DEFAULT_BUDGET_S`, :mod:`msrm_lab.budget`) after which its benchmarks start
-   no new experiment or size and record what they skipped; the child is killed, with its process group, past the
-   hard time limit; the first failed execution ends the notebook's run.
+   child gets a soft deadline (its share of :data:`SITTING_BUDGET_S`, :mod:`msrm_lab.budget`) after which its
+   benchmarks start no new experiment or size and record what they skipped; the child is killed, with its process
+   group, past the hard time limit; the first failed execution ends the notebook's run.
 
 Then, when every execution succeeded (papermill finished and the notebook wrote ``rows.jsonl``), the rows of the
 repeats are merged into the first one's folder (:func:`msrm_lab.notebooks.repeats.merge_rows`: median value,
@@ -44,7 +44,8 @@ from ..budget import DEADLINE_ENV
 from .device import resolve_device
 from .repeats import merge_rows
 
-__all__ = ["PROFILES", "SITTING_BUDGET_S", "SHARE_WEIGHTS", "MIN_SHARE_S", "NotebookResult", "check_repeats", "discover", "notebook_stem", "run_notebook", "run_notebooks"]
+__all__ = ["PROFILES", "SITTING_BUDGET_S", "SHARE_WEIGHTS", "MIN_SHARE_S", "NotebookResult", "check_repeats",
+           "discover", "notebook_stem", "run_notebook", "run_notebooks"]
 
 PROFILES = ("smoke", "quick", "note", "full")
 SITTING_BUDGET_S = {"smoke": 240.0, "quick": 480.0, "note": None, "full": None}
