@@ -27,9 +27,10 @@ import pandas as pd
 from .paths import repo_root
 
 __all__ = [
-    "REFERENCE_LABEL", "NOT_MEASURED", "GPU_COLUMN", "NOT_IN_BUILD", "MISSING", "bytes_text", "PROFILE_ORDER", "results_roots", "load_results", "device_table",
+    "REFERENCE_LABEL", "NOT_MEASURED", "GPU_COLUMN", "NOT_IN_BUILD", "MISSING", "bytes_text", "PROFILE_ORDER",
+    "results_roots", "load_results", "device_table",
     "device_summary", "reference_rows", "figure_paths", "fmt", "show_table", "figure_markdown", "show_figures",
-    "devices_in", "param_columns", "pick", "run_statuses", "profile_sittings", "spread",
+    "devices_in", "param_columns", "pick", "run_statuses", "profile_sittings", "spread", "show_measured_at",
 ]
 
 REFERENCE_LABEL = "note, 2026-09-21"
@@ -382,6 +383,26 @@ def show_figures(notebook: str, caption: str, root=None, *, name: str | None = N
     if not shown:
         display(Markdown(f"*No figure of `{notebook}` yet: {NOT_MEASURED} on any device.*"))
     return shown
+
+
+def show_measured_at(df: pd.DataFrame, notebooks: Sequence[str]) -> str:
+    """Display one line saying where a chapter's rows were measured, read from the rows alone: per notebook, each
+    device with the profile the chapter shows (its most preferred) and the commits of those rows (``-dirty`` when
+    the measured code had uncommitted changes). Returns the line."""
+    from IPython.display import Markdown, display
+
+    parts = []
+    for notebook in notebooks:
+        sub = _preferred(df[df["notebook"] == notebook])
+        where = []
+        for (device, profile), g in sub.groupby(["device", "profile"], sort=True):
+            commits = sorted({str(c)[:7] + ("-dirty" if str(c).endswith("-dirty") else "") if isinstance(c, str)
+                              and c else "unknown" for c in g["info_git_commit"]})
+            where.append(f"{device} ({profile} profile) at commit {', '.join(commits)}")
+        parts.append(f"`{notebook}` on " + "; ".join(where) if where else f"`{notebook}`: {NOT_MEASURED}")
+    text = "*Rows of " + ". Rows of ".join(parts) + ".*"
+    display(Markdown(text))
+    return text
 
 
 def param_columns(df: pd.DataFrame, notebook: str, experiment: str | None = None) -> list[str]:

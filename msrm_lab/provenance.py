@@ -3,8 +3,8 @@
 The library reports what it can know about itself (versions, devices, dtype, threads, BLAS kernel, load); which
 commit of this repository produced a row is bookkeeping of the checkout, so it is added here. ``git_commit`` is
 ``HEAD`` with ``-dirty`` appended when files under ``msrm/`` or ``data_synth/`` (the code the rows measure) differ
-from it, or None outside a git checkout. :mod:`msrm_lab.freshness` compares it with the history of the measured
-paths.
+from it, or None outside a git checkout. Each chapter of the book names it under its tables
+(:func:`msrm_lab.book.show_measured_at`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["MEASURED_CODE", "checkout_commit", "execution_info"]
 
-#: the folders whose changes make a row stale (relative to the repository root)
+#: the folders whose uncommitted changes mark a row's commit ``-dirty`` (relative to the repository root)
 MEASURED_CODE = ("msrm", "data_synth")
 
 _ROOT = Path(__file__).resolve().parent.parent

@@ -117,6 +117,27 @@ def test_device_table_names_the_gpu_and_silent_devices_in_one_line_and_scales_by
     assert "<table" not in shown[1].data and "No rows measured yet (nothing)" in shown[1].data
 
 
+
+def test_show_measured_at_names_device_profile_and_commits_from_the_rows(tmp_path):
+    at = dict(INFO, git_commit="abc1234def5678")
+    _rows(tmp_path, "cpu-a-2c", "quick", "linalg", [make_row("linalg", "matmul", "median_s", 2.0, "s", info=INFO)])
+    _rows(tmp_path, "cpu-a-2c", "note", "linalg", [
+        make_row("linalg", "matmul", "median_s", 1.5, "s", info=at, n=1),
+        make_row("linalg", "matmul", "median_s", 1.6, "s", info=dict(at, git_commit="fedcba987654-dirty"), n=2)])
+    _rows(tmp_path, "cpu-b-2c", "quick", "linalg", [make_row("linalg", "matmul", "median_s", 3.0, "s", info=at)])
+    df = mb.load_results(tmp_path)
+    shown = []
+    import IPython.display as ipd
+    real = ipd.display
+    ipd.display = shown.append
+    try:
+        text = mb.show_measured_at(df, ["linalg", "state_space"])
+    finally:
+        ipd.display = real
+    assert text == ("*Rows of `linalg` on cpu-a-2c (note profile) at commit abc1234, fedcba9-dirty; cpu-b-2c "
+                    "(quick profile) at commit abc1234. Rows of `state_space`: not yet measured.*")
+    assert shown[0].data == text
+
 def _status(folder: Path, notebook: str, status: str, wall: float, commit: str = "abc1234def") -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "status.json").write_text(json.dumps({
