@@ -18,7 +18,8 @@ import os
 import time
 from typing import Any, Callable
 
-__all__ = ["DEADLINE_ENV", "deadline", "seconds_left", "skip_reason", "skippable", "skipped_rows"]
+__all__ = ["DEADLINE_ENV", "deadline", "seconds_left", "load_average_1m", "skip_reason", "skippable",
+           "skipped_rows"]
 
 DEADLINE_ENV = "MSRM_LAB_NOTEBOOK_DEADLINE"
 """Environment variable holding the notebook's soft deadline (seconds since the epoch); unset means no budget."""
@@ -60,14 +61,15 @@ def skip_reason(predicted_s: float = 0.0) -> str | None:
     if left <= 0:
         return f"skipped: the notebook's time budget was spent {-left:.0f} s before this work could start"
     return (f"skipped: predicted {predicted_s:.0f} s, but only {left:.0f} s of the notebook's time budget were left "
-            f"(load average {_load():.2f})")
+            f"(load average {load_average_1m()})")
 
 
-def _load() -> float:
+def load_average_1m() -> float | None:
+    """The one-minute load average, rounded to 0.01 (``None`` where the platform has none)."""
     try:
-        return os.getloadavg()[0]
+        return round(os.getloadavg()[0], 2)
     except OSError:  # pragma: no cover - not available on every platform
-        return float("nan")
+        return None
 
 
 def skipped_rows(notebook: str, experiment: str, reason: str, *, info: dict | None,

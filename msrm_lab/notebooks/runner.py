@@ -40,7 +40,7 @@ from msrm_lab.provenance import execution_info
 from ..paths import repo_root
 from ..processes import kill_group
 from ..bench.rows import read_rows, write_rows
-from ..budget import DEADLINE_ENV
+from ..budget import DEADLINE_ENV, load_average_1m
 from .device import resolve_device
 from .repeats import merge_rows
 
@@ -74,6 +74,7 @@ class NotebookResult(NamedTuple):
         folder: where its results are now (``<stem>/`` on success, ``<stem>.failed/`` on failure).
         wall_s: seconds from start to finish of the child process.
         error: error text (``None`` when ok).
+        skipped: ``experiment/metric`` of every row skipped for the time budget (as in ``status.json``).
     """
 
     stem: str
@@ -81,6 +82,7 @@ class NotebookResult(NamedTuple):
     folder: Path
     wall_s: float
     error: str | None
+    skipped: tuple[str, ...] = ()
 
 
 def notebook_stem(path: str | Path) -> str:
@@ -166,13 +168,6 @@ class _Execution(NamedTuple):
     git_commit: str | None
 
 
-def _load_average_1m() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:  # pragma: no cover - not available on every platform
-        return None
-
-
 def _execute_once(path: Path, root: Path, stem: str, tmp: Path, *, profile: str, platform: str,
                   timeout: float, budget: float | None) -> _Execution:
     """Run the notebook once in a fresh child process (its own kernel) with ``out_dir=tmp``; with a ``budget`` the
@@ -207,7 +202,7 @@ def _execute_once(path: Path, root: Path, stem: str, tmp: Path, *, profile: str,
         error = _read_error(tmp, tail)
     elif not (tmp / "rows.jsonl").is_file():
         error = f"the notebook finished but wrote no rows.jsonl into out_dir ({stem})"
-    return _Execution(tmp, error, wall, started, _load_average_1m(), commit)
+    return _Execution(tmp, error, wall, started, load_average_1m(), commit)
 
 
 def _merge_into_first(runs: Sequence[_Execution]) -> str | None:
@@ -303,7 +298,7 @@ def run_notebook(
         if error is None:
             _swap_in(keep.folder, final)
             shutil.rmtree(failed, ignore_errors=True)
-            return NotebookResult(stem, "ok", final, wall, None)
+            return NotebookResult(stem, "ok", final, wall, None, tuple(status["skipped_for_budget"]))
         shutil.rmtree(failed, ignore_errors=True)
         os.replace(keep.folder, failed)
         return NotebookResult(stem, "failed", failed, wall, error)
@@ -396,7 +391,7 @@ def run_notebooks(
                            repeats=repeats, budget=share)
         out.append(res)
         commits.update(_commits(res.folder))
-        skipped = _skipped(res.folder) if res.status == "ok" else []
+        skipped = res.skipped
         bar.write(f"{res.status:6s} {res.stem:24s} {res.wall_s:8.1f} s  {res.folder}"
                   + (f"\n       {len(skipped)} rows skipped for the time budget" if skipped else "")
                   + (f"\n       {res.error.splitlines()[-1] if res.error else ''}" if res.error else ""),
