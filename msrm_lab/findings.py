@@ -7,7 +7,8 @@ gives each finding one verdict:
 
 * **agrees** when this build's figure lies within a factor :data:`FACTOR` of the note's (of its range ``lo-hi``:
   ``lo / FACTOR <= value <= hi * FACTOR``);
-* **differs** otherwise (the ``this build / note`` column says by how much, and which way);
+* **lower here** or **higher here** otherwise, by the direction of the difference (the ``this build / note``
+  column says by how much; for a time, lower is faster);
 * **not measured here** when no row of the note's scale (the ``note`` or ``full`` profile) holds the figure.
 
 This build's figure comes from the device that measured it most recently at the most preferred profile
@@ -27,11 +28,12 @@ import pandas as pd
 
 from . import book as mb
 
-__all__ = ["FACTOR", "AGREES", "DIFFERS", "NOT_HERE", "GPU_COLUMN", "Finding", "FINDINGS", "reference_range",
+__all__ = ["FACTOR", "AGREES", "LOWER", "HIGHER", "DIFFERS", "NOT_HERE", "GPU_COLUMN", "Finding", "FINDINGS", "reference_range",
            "verdict", "findings_table", "DecisionCase", "DECISIONS", "decision_table", "devices_title"]
 
 FACTOR = 2.0
-AGREES, DIFFERS, NOT_HERE = "agrees", "differs", "not measured here"
+AGREES, LOWER, HIGHER, NOT_HERE = "agrees", "lower here", "higher here", "not measured here"
+DIFFERS = (LOWER, HIGHER)  # the two verdicts of a figure outside the factor
 GPU_COLUMN = mb.GPU_COLUMN
 PROFILES = ("note", "full")          # rows at the note's scale; a quick profile's smaller problem is not compared
 _MEASURED = ("measured", "projected")
@@ -52,11 +54,13 @@ def reference_range(value: str, unit: str) -> tuple[float, float]:
 
 
 def verdict(value: float | None, lo: float, hi: float, factor: float = FACTOR) -> str:
-    """:data:`AGREES` when ``lo / factor <= value <= hi * factor``, :data:`DIFFERS` otherwise, :data:`NOT_HERE`
-    without a value (all in the same units)."""
+    """:data:`AGREES` when ``lo / factor <= value <= hi * factor``, else :data:`LOWER` below that range and
+    :data:`HIGHER` above it; :data:`NOT_HERE` without a value (all in the same units)."""
     if value is None or not math.isfinite(value):
         return NOT_HERE
-    return AGREES if lo / factor <= value <= hi * factor else DIFFERS
+    if value < lo / factor:
+        return LOWER
+    return HIGHER if value > hi * factor else AGREES
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ PEAK = fz.Finding("a GPU peak", "peak", (("s", "peak", "rtx-pro-6000"),), "linal
 
 
 @pytest.mark.parametrize("value, expected", [
-    (29.0, fz.DIFFERS), (30.0, fz.AGREES), (90.0, fz.AGREES), (240.0, fz.AGREES), (241.0, fz.DIFFERS),
+    (29.0, fz.LOWER), (30.0, fz.AGREES), (90.0, fz.AGREES), (240.0, fz.AGREES), (241.0, fz.HIGHER),
     (None, fz.NOT_HERE), (float("nan"), fz.NOT_HERE),
 ])
 def test_verdict_is_within_a_factor_of_the_notes_range(value, expected):
@@ -63,11 +63,11 @@ def test_table_on_a_hand_made_frame():
     assert list(t.columns) == ["quantity", f"note ({mb.REFERENCE_LABEL})", "this build", "this build / note",
                                "verdict", "chapter"]
     r = t.loc["a restart"]
-    assert (r["this build"], r["verdict"], r["chapter"]) == ("20 s (cpu-b-2c, note)", fz.DIFFERS, "{doc}`rmsrm`")
+    assert (r["this build"], r["verdict"], r["chapter"]) == ("20 s (cpu-b-2c, note)", fz.LOWER, "{doc}`rmsrm`")
     assert r[f"note ({mb.REFERENCE_LABEL})"] == "60-120 s (cpu-64core)" and r["this build / note"] == "0.236 x"
     r = t.loc["a ratio"]  # the note's figure is 60-120 s / 60 ms = 1000-2000; this build's the smaller ratio
     assert r[f"note ({mb.REFERENCE_LABEL})"] == "60-120 s / 60 ms = 1,414 x (cpu-64core)"
-    assert r["this build"] == "1.5 x (cpu-a-2c, note)" and r["verdict"] == fz.DIFFERS
+    assert r["this build"] == "1.5 x (cpu-a-2c, note)" and r["verdict"] == fz.LOWER
     r = t.loc["a GPU peak"]
     assert (r["this build"], r["this build / note"], r["verdict"]) == ("no cuda-* row", "", fz.NOT_HERE)
     gpu = _df([_row("cuda-h200", "linalg", "matmul", "gflops", g, "GFLOP/s", n=n) for n, g in ((1, 900.0),
@@ -121,6 +121,6 @@ def test_tables_on_the_committed_rows():
     df = mb.load_results()
     t = fz.findings_table(df)
     assert len(t) == len(fz.FINDINGS) == 7
-    assert set(t["verdict"]) <= {fz.AGREES, fz.DIFFERS, fz.NOT_HERE}
+    assert set(t["verdict"]) <= {fz.AGREES, *fz.DIFFERS, fz.NOT_HERE}
     assert all(c.startswith("{doc}`") for c in t["chapter"])
     assert len(fz.decision_table(df)) == len(fz.DECISIONS)
