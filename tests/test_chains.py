@@ -105,7 +105,8 @@ def test_bad_arguments_raise_before_any_chain():
     build = functools.partial(ToyModel, seed=2)
     for kwargs, name in ((dict(seeds=[1]), "seeds"), (dict(seeds=[1, 1]), "seeds"), (dict(seeds=[-1, 2]), "seeds"),
                          (dict(seed=3), "seed"), (dict(backend="mpi"), "backend"),
-                         (dict(devices=[]), "devices"), (dict(archive=None), "archive")):
+                         (dict(devices=[]), "devices"), (dict(archive=None), "archive"),
+                         (dict(record=None), "record")):
         with pytest.raises(ValueError, match=name):
             sample_chains(build, 2, **kwargs)
     with pytest.raises(ValueError, match="num_chains"):

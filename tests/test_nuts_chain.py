@@ -2,13 +2,16 @@
 with its own draws and sample stats."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import msrm.runtime
+from msrm.gp.posterior import Record
 from msrm_lab.bench import nuts as bench
+from msrm_lab.bench.measure import CompileEvents
 
 pytest.importorskip("numpyro")
 
@@ -44,6 +47,36 @@ def test_chain_statistics_of_known_sample_stats():
     assert st["divergences"] == 1 and st["step_size"] == [0.25]
     assert st["seconds_per_leapfrog_warmup"] == pytest.approx(9.9 / 99)
     assert "ess_bulk_min" not in st
+
+
+def test_compile_events_leave_warm_up_and_sampling_by_their_windows():
+    # sample returned at 100 with total 10: initialisation (90, 91], warm-up (91, 93], sampling (93, 96]
+    timings = {"initialisation": 1.0, "warmup": 2.0, "sampling": 3.0, "draw_conversion": 0.5, "total": 10.0}
+    ev = CompileEvents(events=[(90.5, 0.3), (91.5, 0.4), (93.2, 0.5), (95.0, 0.25), (97.0, 1.0)])
+    out, spl = bench.compile_free_phases(timings, 0.3, ev, returned=100.0)
+    assert out["warmup"] == pytest.approx(1.6) and out["sampling"] == pytest.approx(2.25)
+    assert out["compilation"] == pytest.approx(1.15)
+    assert out["initialisation"] == 1.0 and out["total"] == 10.0 and timings["warmup"] == 2.0
+    assert spl == pytest.approx(0.3 * 2.25 / 3.0)
+    # a checkpoint between them moves the sampling window to (93.5, 96.5]
+    out, _ = bench.compile_free_phases({**timings, "checkpoint": 0.5}, None, ev, returned=100.0)
+    assert out["sampling"] == pytest.approx(2.75) and out["compilation"] == pytest.approx(0.65)
+
+
+def test_timed_sample_books_the_compilation_of_a_first_run():
+    from toy_model import ToyModel
+
+    msrm.runtime.enable_x64()
+    post = bench.timed_sample(ToyModel(seed=2), num_warmup=20, num_samples=20, max_tree_depth=3, seed=0,
+                              init="prior", progress=False, diagnostics=False)
+    t = post.timings
+    assert t["compilation"] > 0 and t["warmup"] >= 0 and t["sampling"] >= 0
+    wall = post.inference_data.posterior.attrs["timings"]
+    wall = json.loads(wall) if isinstance(wall, str) else wall
+    assert t["warmup"] + t["sampling"] + t["compilation"] == pytest.approx(wall["warmup"] + wall["sampling"])
+    assert post.seconds_per_leapfrog == pytest.approx(t["sampling"] / post.num_leapfrog)
+    with pytest.raises(ValueError, match="record: timed_sample"):
+        bench.timed_sample(ToyModel(), record=Record(archive="x.nc"))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
-"""NUTS posterior on the conjugate toy model: accuracy against the exact posterior, checkpoints, archives."""
+"""NUTS posterior on the conjugate toy model: accuracy against the exact posterior, checkpoints, archives, and the
+sampling arguments apart from the bookkeeping ones (``record=``)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -11,7 +13,8 @@ import pytest
 
 import msrm.runtime
 from msrm.gp import idata as idata_mod
-from msrm.gp.posterior import DeviceMismatchError, sample
+from msrm_lab.bench.measure import compile_seconds
+from msrm.gp.posterior import DeviceMismatchError, Record, sample
 
 from toy_model import ToyModel
 
@@ -29,7 +32,7 @@ def run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("nuts")
     model = ToyModel(seed=2)
     post = sample(model, init="map", checkpoint=folder / "warm", pointwise_loglik=True,
-                  archive=folder / "post.nc", **SETTINGS)
+                  record=Record(archive=folder / "post.nc"), **SETTINGS)
     return model, post, folder
 
 
@@ -62,10 +65,14 @@ def test_posterior_matches_the_exact_gaussian(run):
 
 def test_timings_leapfrogs_and_inference_data(run):
     model, post, _ = run
-    for phase in ("initialisation", "compilation", "warmup", "sampling", "draw_conversion", "pointwise_loglik",
+    for phase in ("initialisation", "warmup", "checkpoint", "sampling", "draw_conversion", "pointwise_loglik",
                   "diagnostics", "total"):
         assert post.timings[phase] >= 0, phase
     assert post.timings["total"] >= post.timings["warmup"] + post.timings["sampling"]
+    # the phases that run back to back from the start of total fit inside it
+    first = ("initialisation", "warmup", "checkpoint", "sampling")
+    assert list(post.timings)[:4] == list(first)
+    assert post.timings["total"] >= sum(post.timings[p] for p in first)
     n_steps = post.sample_stats["n_steps"]
     assert post.num_leapfrog == int(n_steps.sum()) > 0
     assert post.num_leapfrog_warmup is not None and post.num_leapfrog_warmup > 0
@@ -111,7 +118,8 @@ def test_checkpoint_resume_gives_the_same_draws_and_device_checks(run):
         sample(model, checkpoint=folder / "warm", **{**SETTINGS, "max_tree_depth": 7})
     # ... and resumed when allowed: sampling continues from the saved adapted state, the same chain as the
     # uninterrupted run (which saved the checkpoint on its way)
-    resumed = sample(model, checkpoint=other, allow_device_change=True, diagnostics=False, **SETTINGS)
+    resumed = sample(model, checkpoint=other, record=Record(allow_device_change=True), diagnostics=False,
+                     **SETTINGS)
     assert resumed.resumed and not post.resumed
     np.testing.assert_array_equal(resumed.draws_u, post.draws_u)
     np.testing.assert_array_equal(resumed.sample_stats["step_size"], post.sample_stats["step_size"])
@@ -148,6 +156,53 @@ def test_bad_arguments_raise_before_numerics():
     with pytest.raises(ValueError, match=r"map_options: \['seed'\] are set by sample"):
         sample(m, map_options={"seed": 1}, progress=False)
     assert m.num_value_and_grad == 0
+
+
+def test_bookkeeping_goes_in_a_record_and_later_arguments_are_keyword_only(tmp_path):
+    msrm.runtime.enable_x64()
+    m = ToyModel()
+    # the old order had max_tree_depth, dense_mass, init, checkpoint, ... after seed: no silent rebinding
+    with pytest.raises(TypeError):
+        sample(m, 10, 10, 1, "sequential", 0, 6)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'archiv'"):
+        sample(m, archiv=tmp_path / "x.nc", progress=False)
+    with pytest.raises(ValueError, match="record must be a msrm.gp.posterior.Record"):
+        sample(m, record={"archive": None}, progress=False)
+    with pytest.raises(ValueError, match=r"record: pass \['archive'\] inside record=Record"):
+        sample(m, record=Record(), archive=tmp_path / "x.nc", progress=False)
+    with pytest.raises(ValueError, match="Record: archive must be a path"):
+        Record(archive=3)
+    with pytest.raises(ValueError, match="Record: allow_device_change must be True or False"):
+        Record(allow_device_change="yes")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Record().archive = "x.nc"
+    assert m.num_value_and_grad == 0
+
+
+def test_old_bookkeeping_keywords_still_work_with_a_deprecation_warning(tmp_path):
+    msrm.runtime.enable_x64()
+    m = ToyModel(seed=2)
+    small = dict(num_warmup=5, num_samples=5, max_tree_depth=3, seed=0, init="prior", progress=False,
+                 diagnostics=False)
+    first = sample(m, checkpoint=tmp_path / "warm", **small)
+    ck = json.loads((tmp_path / "warm.json").read_text())
+    ck["device_identity"]["device_kind"] = "NVIDIA Imaginary 9000"
+    other = tmp_path / "other"
+    shutil.copy(tmp_path / "warm.npz", other.with_suffix(".npz"))
+    other.with_suffix(".json").write_text(json.dumps(ck))
+    with pytest.warns(DeprecationWarning, match=r"record=msrm.gp.posterior.Record\(allow_device_change=...\)"):
+        with pytest.raises(DeviceMismatchError, match="allow_device_change=True"):
+            sample(m, checkpoint=other, allow_device_change=False, **small)
+    with pytest.warns(DeprecationWarning) as caught:
+        resumed = sample(m, checkpoint=other, allow_device_change=True, archive=tmp_path / "old.nc", **small)
+    messages = sorted(str(w.message) for w in caught if w.category is DeprecationWarning)
+    assert messages == ["sample(allow_device_change=...) is deprecated: pass "
+                        "record=msrm.gp.posterior.Record(allow_device_change=...)",
+                        "sample(archive=...) is deprecated: pass record=msrm.gp.posterior.Record(archive=...)"]
+    assert resumed.resumed
+    np.testing.assert_array_equal(resumed.draws_u, first.draws_u)
+    back = idata_mod.load_netcdf(tmp_path / "old.nc")
+    np.testing.assert_array_equal(back.posterior["beta"].values, resumed.inference_data.posterior["beta"].values)
 
 
 def test_map_options_reach_the_map_fit():
@@ -209,8 +264,9 @@ def test_gp_nuts_runs_and_covers_the_truth():
     # "most parameters", not 90% of them.
     data, truth = data_synth.synthetic_dataset(profile="tiny", n_features=4, seed=0, n_runs=2, n_factors=1)
     model = msrm.GPMSRM(data, truth.spec, method="native")
-    post = model.sample(num_warmup=400, num_samples=400, num_chains=2, seed=3, max_tree_depth=5,
-                        init=truth.params, progress=False)
+    with compile_seconds() as compiled:  # compilation is measured by JAX's own hooks, outside the library
+        post = model.sample(num_warmup=400, num_samples=400, num_chains=2, seed=3, max_tree_depth=5,
+                            init=truth.params, progress=False)
     s = post.summary
     assert s.attrs["divergences"]["num_divergent"] <= 2
     assert np.nanmax(s["r_hat"].to_numpy()) < 1.2
@@ -222,7 +278,7 @@ def test_gp_nuts_runs_and_covers_the_truth():
         covered += int(np.sum((rows["q5"].to_numpy() <= values) & (values <= rows["q95"].to_numpy())))
         total += values.size
     assert covered / total >= 0.6, (covered, total)
-    assert post.timings["compilation"] > 0 and post.num_leapfrog > 0
+    assert compiled.seconds > 0 and post.num_leapfrog > 0
 
 
 # ------------------------------------------------------------------ archives across ArviZ 0.23 and 1.x

@@ -146,8 +146,9 @@ def sample_chains(
             the groups' ``factor_alignment`` attribute. A chain that cannot be matched unambiguously raises
             :class:`ChainAlignmentError`, which carries the unmerged chains.
         **sample_kwargs: passed to :func:`msrm.gp.posterior.sample` (``num_warmup``, ``num_samples``, ``init``,
-            ``max_tree_depth``, ...); ``num_chains``, ``seed``, ``archive``, ``checkpoint`` and
-            ``chain_method`` are set per chain and may not be given.
+            ``max_tree_depth``, ...); ``num_chains``, ``seed``, ``record`` (each chain's archive comes from
+            ``archive_dir``), ``archive``, ``checkpoint`` and ``chain_method`` are set per chain and may not be
+            given.
     Returns:
         :class:`Chains`.
     Raises:
@@ -180,7 +181,7 @@ def _checked_arguments(num_chains, seeds, build_model, sample_kwargs: dict, back
     if isinstance(build_model, tuple) and len(build_model) == 3 and not isinstance(build_model[2], dict):
         raise ValueError(f"build_model: the third item must be a dict of GPMSRM keyword arguments, got "
                          f"{type(build_model[2]).__name__}")
-    for name in ("num_chains", "seed", "archive", "checkpoint", "chain_method"):
+    for name in ("num_chains", "seed", "record", "archive", "checkpoint", "chain_method"):
         if name in sample_kwargs:
             raise ValueError(f"{name}: set per chain by sample_chains; do not pass it")
     if backend not in BACKENDS:
@@ -354,8 +355,8 @@ def merge_chains(idatas: Sequence[Any], *, seeds: Sequence[int] | None = None, r
         sampler = _decoded(attrs.get("sampler")) or {}
         seed = seeds[i] if seeds is not None else (sampler.get("seed") if isinstance(sampler, dict) else None)
         n_chains = group_dataset(d, groups[0]).sizes.get("chain", 1)
-        entry = {"input": i, "seed": seed, "sampler": sampler, "execution_info": _decoded(attrs.get("execution_info")),
-                 "timings": _decoded(attrs.get("timings"))}
+        entry = {"input": i, "seed": seed, "sampler": sampler,
+                 "execution_info": _decoded(attrs.get("execution_info")), "timings": _decoded(attrs.get("timings"))}
         if records is not None:
             entry.update({k: v for k, v in records[i].items() if k not in ("execution_info", "timings")})
         per_chain.extend([entry] * n_chains)

@@ -1,14 +1,21 @@
-"""The GP posterior by NumPyro NUTS on the unconstrained vector, with phase timings and warm-up checkpoints.
+"""The GP posterior by NumPyro NUTS on the unconstrained vector, with phase wall times and warm-up checkpoints.
 
 NUTS runs on ``potential_fn(u) = -model.log_density(u)`` (NumPyro traces it once into its own jitted kernel), with a
 diagonal mass matrix by default. The run is split into ``mcmc.warmup(...)`` and ``mcmc.run(post_warmup_state.rng_key,
 ...)`` so that the adapted state between the two can be checkpointed: resuming from the checkpoint executes exactly
 the same sampling call as an uninterrupted run and gives the same draws.
 
-Phases timed separately (``Posterior.timings``, seconds): ``initialisation`` (start points, MAP if asked),
-``compilation`` (JAX tracing/lowering/XLA compile events inside warm-up and sampling, from ``jax.monitoring``),
-``warmup`` and ``sampling`` (wall time minus their compilation), ``draw_conversion`` (unconstrained draws to
-physical InferenceData), ``pointwise_loglik``, ``diagnostics`` (:func:`msrm.diagnostics.summarize`).
+:func:`sample` takes the sampling arguments; what is bookkeeping rather than sampling (the NetCDF archive of the
+result, resuming a checkpoint made on another device) goes in one :class:`Record`.
+
+Wall seconds per phase (``Posterior.timings``): ``initialisation`` (start points, MAP if asked), ``warmup``,
+``checkpoint`` (saving or loading the warm-up checkpoint; only when there is one), ``sampling``,
+``draw_conversion`` (unconstrained draws to physical InferenceData), ``pointwise_loglik``, ``diagnostics``
+(:func:`msrm.diagnostics.summarize`) and ``total``. ``total`` runs from just after the argument checks to the end
+of the diagnostics, and its first phases follow one another without a gap: ``initialisation``, ``warmup``,
+``checkpoint``, ``sampling``. Warm-up and sampling include what JAX compiles inside them (NumPyro traces and
+compiles its kernel and sampling loop for every call, whose potential is a new function); a caller that wants
+compilation apart listens to JAX's ``jax.monitoring`` events around the call and places them in these windows.
 
 Latents and predictions per draw (:meth:`Posterior.latent_posterior`, :meth:`Posterior.predict`): the model's
 conditional posterior ``p(Z | Y, theta)`` (or predictive) at every ``thin``-th draw ``theta_s`` of every chain,
@@ -21,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,21 +42,38 @@ from ..runtime import execution_info
 from .idata import build_inference_data, group_names, observed_summary, physical_draws, save_netcdf
 from .map import fit_map
 
-__all__ = ["sample", "Posterior", "save_checkpoint", "load_checkpoint", "device_identity", "DeviceMismatchError",
-           "as_vector", "timed_phase", "observed_group", "diagnostics_summary"]
+__all__ = ["sample", "Record", "Posterior", "save_checkpoint", "load_checkpoint", "device_identity",
+           "DeviceMismatchError", "as_vector", "timed_phase", "observed_group", "diagnostics_summary"]
 
 CHAIN_METHODS = ("sequential", "vectorized", "parallel")
 # NumPyro extra fields collected in the sampling phase (the sample stats of the InferenceData)
 SAMPLE_FIELDS = ("num_steps", "energy", "adapt_state.step_size", "accept_prob", "potential_energy")
-_COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
 
 
 class DeviceMismatchError(ValueError):
-    """A warm-up checkpoint made on one device identity is resumed on another without ``allow_device_change``."""
+    """A warm-up checkpoint made on one device identity is resumed on another without
+    ``Record(allow_device_change=True)``."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """What :func:`sample` keeps or accepts besides the draws: bookkeeping, not sampling.
+
+    Fields:
+        archive: write the InferenceData to this NetCDF path (atomic), or None.
+        allow_device_change: resume a warm-up checkpoint made on another device identity (backend, device kind,
+            device list, float width); without it such a checkpoint is refused with :class:`DeviceMismatchError`.
+    """
+
+    archive: str | os.PathLike | None = None
+    allow_device_change: bool = False
+
+    def __post_init__(self):
+        if self.archive is not None and not isinstance(self.archive, (str, os.PathLike)):
+            raise ValueError(f"Record: archive must be a path (str or os.PathLike) or None, "
+                             f"got {type(self.archive).__name__}")
+        if not isinstance(self.allow_device_change, (bool, np.bool_)):
+            raise ValueError(f"Record: allow_device_change must be True or False, got {self.allow_device_change!r}")
 
 
 @dataclass
@@ -57,12 +83,12 @@ class Posterior:
     Fields:
         inference_data: ArviZ InferenceData (posterior in physical units, sample_stats, observed_data, and
             log_likelihood when asked); ``attrs`` carry execution_info, timings and sampler settings.
-        timings: seconds per phase (see module docstring) and ``total``.
+        timings: wall seconds per phase (see module docstring) and ``total``.
         execution_info: where it ran.
         num_leapfrog: leapfrog steps in the sampling phase (all chains).
         num_leapfrog_warmup: leapfrog steps in warm-up (None when warm-up draws were not collected).
-        seconds_per_leapfrog: sampling seconds / num_leapfrog (chains run one after another) or per lock-step
-            leapfrog of all chains (vectorized).
+        seconds_per_leapfrog: sampling wall seconds / num_leapfrog (chains run one after another) or per
+            lock-step leapfrog of all chains (vectorized); what JAX compiled inside the sampling call is included.
         draws_u: (chains, draws, num_params) unconstrained draws.
         summary: the diagnostics table (pandas DataFrame) or None.
         chain_method: the method NumPyro actually used.
@@ -247,25 +273,7 @@ def _progress(items: list, show: bool, desc: str):
     return tqdm(items, desc=desc, unit="draw")
 
 
-# ------------------------------------------------------------------------------------------ timing helpers
-
-
-@contextlib.contextmanager
-def _compile_seconds() -> Iterator[list]:
-    """Collect JAX compile-event durations (tracing, lowering, XLA compile) while the block runs."""
-    import jax.monitoring as monitoring
-
-    acc = [0.0]
-
-    def listener(name, duration, **kwargs):
-        if name in _COMPILE_EVENTS:
-            acc[0] += float(duration)
-
-    monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield acc
-    finally:
-        monitoring.unregister_event_duration_listener(listener)
+# ------------------------------------------------------------------------------------------ device identity
 
 
 def device_identity() -> dict:
@@ -363,7 +371,8 @@ def _starts(model, init, num_chains: int, seed: int, init_jitter: float, progres
             map_result = fit_map(model, seed=seed, progress=progress, **(map_options or {}))
             base = map_result.u
         elif init == "prior":
-            return np.stack([np.asarray(model.prior_draw(seed + c), dtype=np.float64) for c in range(num_chains)]), None
+            draws = [np.asarray(model.prior_draw(seed + c), dtype=np.float64) for c in range(num_chains)]
+            return np.stack(draws), None
         else:
             raise ValueError(f"init must be 'map', 'prior', Params, a MAPResult or a vector; got {init!r}")
     else:
@@ -382,22 +391,23 @@ def sample(
     num_chains: int = 1,
     chain_method: str = "sequential",
     seed: int = 0,
+    *,
     max_tree_depth: int = 10,
     dense_mass: bool = False,
-    init: Any = "map",
-    checkpoint: str | Path | None = None,
-    allow_device_change: bool = False,
-    progress: bool = True,
-    pointwise_loglik: bool = False,
-    archive: str | Path | None = None,
-    *,
     target_accept_prob: float = 0.8,
+    init: Any = "map",
     init_jitter: float = 0.1,
+    checkpoint: str | Path | None = None,
+    pointwise_loglik: bool = False,
     diagnostics: bool = True,
     collect_warmup_stats: bool | None = None,
     map_options: dict | None = None,
+    progress: bool = True,
+    record: Record | None = None,
+    **deprecated,
 ) -> Posterior:
-    """NUTS on the unconstrained vector of ``model``; see the module docstring.
+    """NUTS on the unconstrained vector of ``model``; see the module docstring. Arguments after ``seed`` are
+    keyword-only.
 
     Args:
         num_warmup, num_samples, num_chains: NumPyro's. ``chain_method``: "sequential", "vectorized" or
@@ -408,25 +418,31 @@ def sample(
             (``model.prior_draw(seed + chain)``), Params, a MAPResult, or an unconstrained vector.
         checkpoint: path stem of a warm-up checkpoint. Absent: warm up, save, sample. Present: check settings and
             device identity, skip warm-up, sample from the saved state.
-        allow_device_change: resume a checkpoint made on another device identity.
         pointwise_loglik: add a ``log_likelihood`` group from ``model.pointwise_log_likelihood(u)``.
-        archive: write the InferenceData to this NetCDF path (atomic).
         diagnostics: compute :func:`msrm.diagnostics.summarize` (timed) into ``Posterior.summary``.
         collect_warmup_stats: collect warm-up tree sizes (needs warm-up draws in memory); default when they
             take under 256 MB.
         map_options: keywords of :func:`msrm.gp.map.fit_map` for ``init="map"`` (e.g. ``{"maxiter": 50}`` for a
             short MAP); ``seed`` and ``progress`` come from this call.
+        progress: NumPyro's progress bars (and the MAP fit's), and the default of the Posterior's per-draw methods.
+        record: a :class:`Record` (the NetCDF archive; resuming a checkpoint made on another device); None is
+            ``Record()``.
+        **deprecated: ``archive=`` and ``allow_device_change=`` are still accepted, with a DeprecationWarning,
+            for ``record=Record(archive=..., allow_device_change=...)``.
+    Raises:
+        ValueError: a bad argument (named), before any numerics; DeviceMismatchError: see :class:`Record`.
     """
     import jax
     import numpyro  # noqa: F401  (a missing `bayes` extra is an ImportError before any start point is computed)
 
+    record = _checked_record(record, deprecated)
     _check_arguments(model, num_warmup, num_samples, num_chains, chain_method, max_tree_depth, pointwise_loglik)
     map_options = _checked_map_options(map_options)
     timings: dict[str, float] = {}
     t_total = time.perf_counter()
     settings = _sampler_settings(model, num_warmup, num_chains, chain_method, max_tree_depth, dense_mass,
                                  target_accept_prob, seed)
-    resume = _resumable(checkpoint, settings, allow_device_change)  # refuses before any numerics
+    resume = _resumable(checkpoint, settings, record.allow_device_change)  # refuses before any numerics
 
     with timed_phase(timings, "initialisation"):
         starts, map_result = _initial_points(model, resume, init, num_chains, seed, init_jitter, progress,
@@ -440,13 +456,37 @@ def sample(
     sampler = _sampler_record(settings, num_samples, mcmc, stats, warm_n_steps, resume, timings["sampling"],
                               chain_method, num_chains)
     idata, summary, info = _finished_idata(model, draws_u, stats, loglik, physical, sampler, timings, t_total,
-                                           diagnostics, archive)
+                                           diagnostics, record.archive)
     return Posterior(
         inference_data=idata, timings=timings, execution_info=info, num_leapfrog=sampler["num_leapfrog"],
         num_leapfrog_warmup=sampler["num_leapfrog_warmup"], seconds_per_leapfrog=sampler["seconds_per_leapfrog"],
         draws_u=draws_u, summary=summary, chain_method=str(mcmc.chain_method), resumed=bool(resume),
         map_result=map_result, sample_stats=stats, warmup_n_steps=warm_n_steps, model=model, progress=bool(progress),
     )
+
+
+_DEPRECATED = ("archive", "allow_device_change")
+
+
+def _checked_record(record, deprecated: dict) -> Record:
+    """The :class:`Record` of a :func:`sample` call: ``record`` (None: ``Record()``) or one built from the
+    deprecated ``archive=`` / ``allow_device_change=`` keywords, each with a DeprecationWarning naming the new
+    spelling. TypeError for any other keyword; ValueError for a non-Record ``record`` or both spellings at once."""
+    unknown = sorted(set(deprecated) - set(_DEPRECATED))
+    if unknown:
+        raise TypeError(f"sample() got an unexpected keyword argument {unknown[0]!r}")
+    if record is not None and not isinstance(record, Record):
+        raise ValueError(f"record must be a msrm.gp.posterior.Record or None, got {type(record).__name__}")
+    if not deprecated:
+        return record if record is not None else Record()
+    if record is not None:
+        raise ValueError(f"record: pass {sorted(deprecated)} inside record=Record(...), not beside it")
+    for name in deprecated:
+        warnings.warn(f"sample({name}=...) is deprecated: pass record=msrm.gp.posterior.Record({name}=...)",
+                      DeprecationWarning, stacklevel=3)
+    if "allow_device_change" in deprecated:  # the keyword was read as a truth value
+        deprecated = {**deprecated, "allow_device_change": bool(deprecated["allow_device_change"])}
+    return Record(**deprecated)
 
 
 # ------------------------------------------------------------------------------------------ steps of sample
@@ -492,7 +532,7 @@ def _sampler_settings(model, num_warmup, num_chains, chain_method, max_tree_dept
 
 def _resumable(checkpoint, settings: dict, allow_device_change: bool) -> bool:
     """True when a checkpoint exists at ``checkpoint``; then its settings must equal ``settings`` (ValueError) and
-    its device identity this process's unless ``allow_device_change`` (DeviceMismatchError)."""
+    its device identity this process's unless ``allow_device_change`` (:class:`Record`; DeviceMismatchError)."""
     ckpt_json = _ckpt_paths(checkpoint)[1] if checkpoint is not None else None
     if ckpt_json is None or not ckpt_json.exists():
         return False
@@ -502,7 +542,7 @@ def _resumable(checkpoint, settings: dict, allow_device_change: bool) -> bool:
     if meta.get("device_identity") != here and not allow_device_change:
         raise DeviceMismatchError(
             f"checkpoint {ckpt_json} was made on {meta.get('device_identity')}, this process runs on {here}; "
-            f"pass allow_device_change=True to resume anyway"
+            f"pass record=msrm.gp.posterior.Record(allow_device_change=True) to resume anyway"
         )
     return True
 
@@ -581,45 +621,38 @@ def _resumed_state(kernel, mcmc, checkpoint, num_chains, chain_method, num_param
 def _warm_up(mcmc, model, starts, num_chains, num_warmup, rng_key, collect_warmup_stats):
     """Run NumPyro's warm-up from ``starts``.
 
-    Returns (post-warm-up state, init_params, wall seconds, compile seconds within them, (chains, num_warmup)
-    leapfrog steps of every warm-up iteration or None when warm-up draws were not collected).
+    Returns (post-warm-up state, init_params, (chains, num_warmup) leapfrog steps of every warm-up iteration or None
+    when warm-up draws were not collected).
     """
     import jax
     import jax.numpy as jnp
 
-    t0 = time.perf_counter()
     warm_steps = None
     init_params = jnp.asarray(starts[0] if num_chains == 1 else starts)
     if collect_warmup_stats is None:
         collect_warmup_stats = num_chains * num_warmup * model.num_params * 8 <= 2**28
-    with _compile_seconds() as acc:
-        mcmc.warmup(rng_key, init_params=init_params, extra_fields=("num_steps",),
-                    collect_warmup=bool(collect_warmup_stats) and num_warmup > 0)
-        jax.block_until_ready(mcmc.post_warmup_state)
+    mcmc.warmup(rng_key, init_params=init_params, extra_fields=("num_steps",),
+                collect_warmup=bool(collect_warmup_stats) and num_warmup > 0)
+    jax.block_until_ready(mcmc.post_warmup_state)
     if collect_warmup_stats and num_warmup > 0:
         warm_steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["num_steps"]).astype(np.int64)
         warm_steps = warm_steps.reshape(num_chains, -1)
-    wall = time.perf_counter() - t0
-    return mcmc.post_warmup_state, init_params, wall, min(acc[0], wall), warm_steps
+    return mcmc.post_warmup_state, init_params, warm_steps
 
 
 def _run_sampling(mcmc, state, init_params):
-    """Sample from the post-warm-up ``state``: (draws grouped by chain, wall seconds, compile seconds within them)."""
+    """Sample from the post-warm-up ``state``: the draws grouped by chain, finished on the device."""
     import jax
 
-    t0 = time.perf_counter()
-    with _compile_seconds() as acc:
-        mcmc.run(state.rng_key, init_params=init_params, extra_fields=SAMPLE_FIELDS)
-        samples = mcmc.get_samples(group_by_chain=True)
-        jax.block_until_ready(samples)
-    wall = time.perf_counter() - t0
-    return samples, wall, min(acc[0], wall)
+    mcmc.run(state.rng_key, init_params=init_params, extra_fields=SAMPLE_FIELDS)
+    return jax.block_until_ready(mcmc.get_samples(group_by_chain=True))
 
 
 def _warm_up_and_sample(kernel, mcmc, model, starts, resume: bool, checkpoint, settings: dict, rng_key, num_chains,
                         chain_method, num_warmup, collect_warmup_stats, timings: dict):
     """Warm up from ``starts`` (saving the checkpoint when one is asked for) or load the checkpointed warm-up, then
-    sample; book ``warmup``, ``sampling`` and ``compilation`` seconds in ``timings``.
+    sample; book the wall seconds of ``warmup``, ``checkpoint`` (when there is one) and ``sampling`` in
+    ``timings``, in that order and back to back.
 
     ``starts`` is (num_chains, num_params), or None when resuming. Returns (the draws grouped by chain, the
     (chains, num_warmup) leapfrog steps of every warm-up iteration or None when warm-up draws were not collected or
@@ -627,20 +660,20 @@ def _warm_up_and_sample(kernel, mcmc, model, starts, resume: bool, checkpoint, s
     checkpoint, so a resumed run gives the draws of an uninterrupted one.
     """
     if resume:
-        state = _resumed_state(kernel, mcmc, checkpoint, num_chains, chain_method, model.num_params, num_warmup,
-                               rng_key)
-        init_params, warmup_compile, warm_steps = state.z, 0.0, None
         timings["warmup"] = 0.0
+        with timed_phase(timings, "checkpoint"):
+            state = _resumed_state(kernel, mcmc, checkpoint, num_chains, chain_method, model.num_params, num_warmup,
+                                   rng_key)
+        init_params, warm_steps = state.z, None
     else:
-        state, init_params, wall, warmup_compile, warm_steps = _warm_up(mcmc, model, starts, num_chains, num_warmup,
-                                                                        rng_key, collect_warmup_stats)
-        timings["warmup"] = wall - warmup_compile
+        with timed_phase(timings, "warmup"):
+            state, init_params, warm_steps = _warm_up(mcmc, model, starts, num_chains, num_warmup, rng_key,
+                                                      collect_warmup_stats)
         if checkpoint is not None:
-            save_checkpoint(checkpoint, state, settings)
-
-    samples, wall, sampling_compile = _run_sampling(mcmc, state, init_params)
-    timings["sampling"] = wall - sampling_compile
-    timings["compilation"] = warmup_compile + sampling_compile
+            with timed_phase(timings, "checkpoint"):
+                save_checkpoint(checkpoint, state, settings)
+    with timed_phase(timings, "sampling"):
+        samples = _run_sampling(mcmc, state, init_params)
     return samples, warm_steps
 
 

@@ -9,17 +9,32 @@
   device allocator's peak where the device reports one (GPU). Free heap memory the process keeps for reuse is
   returned to the system first (:func:`msrm.runtime.release_host_memory`), so the peak counts what the block
   itself touches.
+- :func:`compile_seconds`: the JAX compile events (tracing, lowering to MLIR, XLA compile) reported through
+  ``jax.monitoring`` while a block runs, each with the moment it ended, so that a caller can place them in the
+  phases of what the block timed (:func:`msrm_lab.bench.nuts.timed_sample` takes them out of NUTS warm-up and
+  sampling).
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-__all__ = ["warm_median", "side_by_side", "PeakMemory", "block", "current_rss_bytes"]
+__all__ = ["warm_median", "side_by_side", "PeakMemory", "block", "current_rss_bytes", "compile_seconds",
+           "CompileEvents", "COMPILE_EVENTS"]
+
+#: the ``jax.monitoring`` duration events that together make up one compilation: tracing to a jaxpr, lowering it to
+#: an MLIR module, and the backend (XLA) compile
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -143,3 +158,48 @@ class PeakMemory:
         if self.peak_rss_bytes is not None and self.baseline_rss_bytes is not None:
             self.delta_bytes = max(0, self.peak_rss_bytes - self.baseline_rss_bytes)
         self.device_peak_bytes = _device_peak()
+
+
+@dataclass
+class CompileEvents:
+    """The compile events seen inside a :func:`compile_seconds` block.
+
+    Attributes:
+        events: ``(end, seconds)`` per event, ``end`` on the ``time.perf_counter`` clock (the moment JAX reported
+            the event, which is when it finished), in the order they ended.
+    """
+
+    events: list = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        """Seconds of every event of the block."""
+        return float(sum(d for _, d in self.events))
+
+    def between(self, start: float, stop: float) -> float:
+        """Seconds of the events that ended in ``(start, stop]`` (``time.perf_counter`` times), at most
+        ``stop - start``: the compilation inside a window that a caller timed."""
+        inside = sum(d for end, d in self.events if start < end <= stop)
+        return float(min(inside, max(stop - start, 0.0)))
+
+
+@contextlib.contextmanager
+def compile_seconds() -> Iterator[CompileEvents]:
+    """Collect JAX's compile events (:data:`COMPILE_EVENTS`) while the block runs.
+
+    A listener is registered with ``jax.monitoring.register_event_duration_secs_listener`` for the block and removed
+    after it. Yields a :class:`CompileEvents`, complete once the block has ended.
+    """
+    import jax.monitoring as monitoring
+
+    out = CompileEvents()
+
+    def listener(name, duration, **kwargs):
+        if name in COMPILE_EVENTS:
+            out.events.append((time.perf_counter(), float(duration)))
+
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield out
+    finally:
+        monitoring.unregister_event_duration_listener(listener)

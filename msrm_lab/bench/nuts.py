@@ -7,8 +7,8 @@ Measured side by side in one process:
   to compare devices), compile time and warm median of ``model.value_and_grad`` (the API: NumPy in and out) and
   of ``jax.jit(jax.value_and_grad(model.log_density))`` on a device array (exactly what NUTS differentiates; the
   leapfrog ratio divides by this one);
-* ``nuts``: every phase of :func:`msrm.gp.posterior.sample` (compilation separated from warm-up and sampling),
-  leapfrog counts, seconds per leapfrog and its ratio to the bare gradient;
+* ``nuts``: every phase of :func:`msrm.gp.posterior.sample` (compilation separated from warm-up and sampling by
+  :func:`timed_sample`), leapfrog counts, seconds per leapfrog and its ratio to the bare gradient;
 * ``nuts_vectorized``: the same run with two vectorised chains; throughput (leapfrog steps per sampling second,
   both chains) relative to one chain;
 * ``projection``: wall time of one full chain (1000 warm-up + 1200 draws) from the measured seconds per leapfrog
@@ -22,19 +22,25 @@ before and after the chain in the same process and seconds per leapfrog against 
 in sampling), the adapted step size, divergences, the bulk ESS of the slowest parameter and of each variable, ESS per
 hour, and the full chain (1000 + 1200) projected from the measured seconds per leapfrog at the measured trajectory
 lengths (rows with status ``"projected"``).
+
+The phases of both experiments are those of :func:`timed_sample`: the library's wall seconds per phase, with JAX's
+compile events (``jax.monitoring``, :func:`msrm_lab.bench.measure.compile_seconds`) that fell inside warm-up and
+sampling taken out of them and booked as ``compilation``; seconds per leapfrog count the sampling seconds left.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import numpy as np
 
 from msrm_lab.budget import skip_reason, skipped_rows
-from .measure import PeakMemory, warm_median
+from .measure import CompileEvents, PeakMemory, compile_seconds, warm_median
 from .rows import make_row
 
-__all__ = ["SIZES", "CHAIN_SIZES", "nuts_rows", "chain_rows", "chain_statistics", "tree_depths"]
+__all__ = ["SIZES", "CHAIN_SIZES", "nuts_rows", "chain_rows", "chain_statistics", "tree_depths", "timed_sample",
+           "compile_free_phases"]
 
 NOTEBOOK = "gradient_nuts"
 
@@ -73,6 +79,53 @@ CHAIN_SIZES: dict[str, dict[str, Any]] = {
 FULL_CHAIN = (1000, 1200)  # warm-up, draws
 PHASES = ("initialisation", "compilation", "warmup", "sampling", "draw_conversion", "pointwise_loglik",
           "diagnostics", "total")
+
+
+def timed_sample(model, **kwargs):
+    """:func:`msrm.gp.posterior.sample` of ``model`` (keywords ``kwargs``) with compilation apart: the call runs under
+    :func:`msrm_lab.bench.measure.compile_seconds`, and :func:`compile_free_phases` places the compile events in
+    its phases.
+
+    Returns the Posterior with those ``timings`` (``compilation`` added, warm-up and sampling without it) and
+    ``seconds_per_leapfrog`` (rescaled to the sampling seconds left); its InferenceData keeps the library's wall
+    seconds. Refuses (ValueError) a ``record`` with an archive, whose writing after ``total`` would shift the phases.
+    """
+    from msrm.gp.posterior import sample
+
+    if getattr(kwargs.get("record"), "archive", None) is not None:
+        raise ValueError("record: timed_sample places compile events by the time the call returns, so it writes no "
+                         "archive; save the InferenceData afterwards")
+    with compile_seconds() as compiled:
+        post = sample(model, **kwargs)
+    returned = time.perf_counter()
+    timings, per_leapfrog = compile_free_phases(post.timings, post.seconds_per_leapfrog, compiled, returned)
+    return dataclasses.replace(post, timings=timings, seconds_per_leapfrog=per_leapfrog)
+
+
+def compile_free_phases(timings: dict, seconds_per_leapfrog: float | None, compiled: CompileEvents,
+                        returned: float) -> tuple[dict, float | None]:
+    """(``timings`` with compilation taken out of ``warmup`` and ``sampling`` and booked as ``compilation``,
+    ``seconds_per_leapfrog`` rescaled to the sampling seconds left).
+
+    ``msrm.gp.posterior.sample`` runs ``initialisation``, ``warmup``, ``checkpoint`` (when there is one) and
+    ``sampling`` back to back from the start of its ``total``, which ends just before the call returns at
+    ``returned`` (a ``time.perf_counter`` time), so the windows of warm-up and sampling follow from the phases'
+    seconds; the compile events of ``compiled`` that ended inside each window (:meth:`CompileEvents.between`) are
+    that phase's compilation.
+    """
+    out = dict(timings)
+    warm_start = returned - timings["total"] + timings["initialisation"]
+    warm_stop = warm_start + timings["warmup"]
+    sampling_start = warm_stop + timings.get("checkpoint", 0.0)
+    sampling_stop = sampling_start + timings["sampling"]
+    warm_c = compiled.between(warm_start, warm_stop)
+    sampling_c = compiled.between(sampling_start, sampling_stop)
+    out["warmup"] = timings["warmup"] - warm_c
+    out["sampling"] = timings["sampling"] - sampling_c
+    out["compilation"] = warm_c + sampling_c
+    if seconds_per_leapfrog is not None and timings["sampling"] > 0:
+        seconds_per_leapfrog = seconds_per_leapfrog * out["sampling"] / timings["sampling"]
+    return out, seconds_per_leapfrog
 
 
 def _model(cfg: dict, linear_algebra: str, method: str):
@@ -119,8 +172,6 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
         model = _model(cfg, linear_algebra, method)
     except (ImportError, NotImplementedError) as exc:
         return _not_yet(info, f"GPMSRM unavailable: {exc}", **common)
-    from msrm.gp.posterior import sample
-
     rows: list[dict] = []
     common["num_params"] = model.num_params
     common["factorization_dims"] = model.factorization_dims
@@ -186,7 +237,7 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
                                    metrics=(("seconds_per_leapfrog", "s"), ("phase_seconds", "s")),
                                    **common, **nuts_params)
     with PeakMemory() as mem:
-        one = sample(model, num_chains=1, pointwise_loglik=True, **settings)
+        one = timed_sample(model, num_chains=1, pointwise_loglik=True, **settings)
     for phase in PHASES:
         row("nuts", "phase_seconds", one.timings[phase], "s", phase=phase, chains=1, **nuts_params)
     ll = getattr(one.inference_data, "log_likelihood", None)
@@ -211,7 +262,7 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
 
     # ---- two vectorised chains
     if cfg["vectorized"]:
-        two = sample(model, num_chains=2, chain_method="vectorized", **settings)
+        two = timed_sample(model, num_chains=2, chain_method="vectorized", **settings)
         for phase in ("compilation", "warmup", "sampling", "total"):
             row("nuts_vectorized", "phase_seconds", two.timings[phase], "s", phase=phase, chains=2, **nuts_params)
         if one.num_leapfrog and two.num_leapfrog and one.timings["sampling"] > 0 and two.timings["sampling"] > 0:
@@ -326,8 +377,6 @@ def chain_rows(profile: str = "quick", *, info: dict | None = None, linear_algeb
     import jax
     import jax.numpy as jnp
 
-    from msrm.gp.posterior import sample
-
     common["num_params"] = model.num_params
     rows: list[dict] = []
 
@@ -343,8 +392,8 @@ def chain_rows(profile: str = "quick", *, info: dict | None = None, linear_algeb
     _, before = warm_median(lambda: potential_vg(u0), repeats=cfg["repeats"], warmup=0)
 
     with PeakMemory() as mem:
-        post = sample(model, init="map", map_options={"maxiter": cfg["map_maxiter"]}, progress=False,
-                      diagnostics=True, **settings)
+        post = timed_sample(model, init="map", map_options={"maxiter": cfg["map_maxiter"]}, progress=False,
+                            diagnostics=True, **settings)
     u_last = jnp.asarray(post.draws_u[0, -1])
     jax.block_until_ready(potential_vg(u_last))
     _, after = warm_median(lambda: potential_vg(u_last), repeats=cfg["repeats"], warmup=0)
