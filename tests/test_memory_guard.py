@@ -111,3 +111,20 @@ def test_prediction_covers_measured_peak_of_callback_value_and_grad():
     assert row["value"] <= row["params"]["predicted_bytes"]
     # and it is not a vacuous bound: the factor and the inverse at least were really allocated
     assert row["value"] >= 3 * 8 * n * n
+
+
+def test_check_peak_reads_the_backend_shape():
+    peak = memory.PeakBytes(predict_peak_bytes(300), "the toy likelihood", dim=300)
+    assert peak.suggestion == memory.SUGGESTION
+    with pytest.raises(MemoryGuardError, match=r"toy likelihood \(dimension 300: .*state_space"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(memory.ENV_LIMIT, "1000")
+            memory.check_peak(peak)
+    no_dim = peak._replace(dim=None, suggestion="use a smaller toy")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(memory.ENV_LIMIT, "1000")
+        with pytest.raises(MemoryGuardError, match=r"toy likelihood needs about .*smaller toy$"):
+            memory.check_peak(no_dim)
+    assert memory.check_peak(memory.PeakBytes(10, "x")) == 10
+    with pytest.raises(ValueError, match="PeakBytes"):
+        memory.check_peak((10, 3))

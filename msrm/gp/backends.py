@@ -9,22 +9,24 @@ A backend computes the GP-MSRM marginal likelihood of a dataset (latent factors 
 * ``options_type``: a frozen dataclass of the backend's own keyword options with their defaults, validated in its
   ``__post_init__`` (``ValueError`` naming the option). ``GPMSRM(data, spec, NAME, **kwargs)`` collects the
   keywords that are fields of this type into one instance (:func:`make_options`); a keyword that belongs to another
-  backend, or to none, is refused with a ``ValueError`` naming the keyword and the backend. ``method``
-  (``"auto"``, ``"callback"`` or ``"native"``, validated by the model) is passed in as well when the options type
-  has a ``method`` field.
+  backend, or to none, is refused with a ``ValueError`` naming the keyword and the backend. ``method`` (one of
+  :data:`msrm.gp.linalg.METHODS`) is checked there, once, and passed in when the options type has a ``method``
+  field; the options type and everything below it take it as valid.
 * ``prepare(data, spec, options) -> prepared``: everything that does not depend on the parameters, on the host
   (NumPy), once per model. ``prepared`` is a JAX pytree whose leaves are the arrays the likelihood reads.
-* ``peak_bytes(prepared, options) -> (bytes, dim) | (bytes, dim, what, suggestion) | None``: the predicted peak
-  memory of one likelihood evaluation and the largest factorization dimension (and, optionally, a description of
-  the sizes and a remedy for the refusal message), checked by the model's memory guard
-  (:func:`msrm.gp.memory.check_memory`) before anything is placed on a device; None when there is no estimate
-  (the guard is skipped).
+* ``peak_bytes(prepared, options) -> msrm.gp.memory.PeakBytes | None``: the predicted peak memory of one
+  likelihood value+gradient, with what would run and what to do instead, checked by the model's memory guard
+  (:func:`msrm.gp.memory.check_peak`) before anything is placed on a device; None when there is no estimate (the
+  guard is skipped).
 * ``devices(options, devices, commit) -> list``: the devices it will run on, out of ``devices`` (what the caller
   asked for: every local device by default; ``commit`` is True when the caller named them). Called before
   ``prepare``; raises ``ValueError`` starting with ``"devices:"`` for a choice the backend cannot run (several
   named devices for a backend that runs on one).
 * ``place(prepared, options, devices, commit) -> (prepared, devices)``: put the prepared data on those devices
   (committed there when ``commit``, else JAX's default placement), after the memory guard.
+* ``batch_runs(options) -> bool``: whether runs are stacked and evaluated together (False by default).
+* ``stacks(prepared) -> list[dict]``: for the placed ``prepared``, one dict per stack of runs evaluated together
+  (``runs``, ``n_nodes``, ``n_grid``, ``slots``, ``method``; :attr:`msrm.GPMSRM.run_stacks`); empty by default.
 * ``loglik(theta, prepared) -> (value, events)``: pure JAX, jit- and grad-able. ``theta`` is the constrained
   parameter pytree of :func:`msrm.gp.model.params_to_theta` (``loadings``, ``intercepts``, ``noise_sd``
   per stream key, ``lengthscales`` (K,), ``response`` per parameter key). ``value`` is the float64 log
@@ -37,19 +39,25 @@ A backend computes the GP-MSRM marginal likelihood of a dataset (latent factors 
   code is seen.
 * ``node_counts(prepared) -> list[int]``: nodes per run of the node-space factorization (an empty list when the
   backend has none).
+* ``pointwise_prepare(data, spec, options) -> prepared``, ``pointwise_peak_bytes(prepared, options) ->
+  PeakBytes | None`` and ``pointwise(theta, prepared) -> (values, events)``: the pointwise log likelihood
+  (:meth:`msrm.GPMSRM.pointwise_log_likelihood`, ``by="node"``): a host preparation of its own, made on first
+  use, its memory check, and pure JAX ``{stream key: (total samples of the stream,)}`` float64 conditional log
+  densities, run order then sample order, with int32 guard codes as ``loglik``'s.
 * ``latent_posterior(theta, prepared, data, spec, cov=False) -> list[msrm.LatentPosterior]``: the exact
   Gaussian ``p(Z | Y, theta)`` of each run's factors on its grid (mean, marginal sd; the (J, K, K) covariance at
   each grid point when ``cov``). ``data`` and ``spec`` are the model's own (the host-side description of every
   sample, which ``prepared`` need not keep). Host NumPy results.
 * ``predict(theta, prepared, data, spec) -> list[dict[str, msrm.Prediction]]``: per run, per stream key, the
   posterior predictive mean and sd of every (sample, feature), the missing ones included.
-  :class:`Backend` raises ``NotImplementedError`` for both; a backend that cannot provide them says so.
 
-:class:`Backend` is a base class with those defaults (``peak_bytes`` None, one device,
-``node_counts`` empty). A backend is one module that defines a subclass and ends with one
-:func:`register_backend` call. The built-in modules are listed in :data:`BUILTIN_MODULES` and imported the first
-time the registry is read, so :data:`BACKENDS` always holds ``"dense"``, ``"grouped"`` and ``"state_space"``
-while this module imports none of them (they import it for :class:`Backend`).
+:class:`Backend` is a base class with those defaults (``peak_bytes`` None, one device, no stacks,
+``node_counts`` empty); ``prepare``, ``loglik``, ``run_logliks``, the pointwise terms, ``latent_posterior`` and
+``predict`` raise ``NotImplementedError`` naming the backend and what it does not compute. A backend is one
+module that defines a subclass and ends with one :func:`register_backend` call. The built-in modules are listed in
+:data:`BUILTIN_MODULES` and imported the first time the registry is read, so :data:`BACKENDS` always holds
+``"dense"``, ``"grouped"`` and ``"state_space"`` while this module imports none of them (they import it for
+:class:`Backend`).
 """
 from __future__ import annotations
 
@@ -57,10 +65,13 @@ import dataclasses
 import importlib
 from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-__all__ = ["Backend", "NoOptions", "BACKENDS", "register_backend", "unregister_backend", "get_backend",
-           "make_options", "option_names"]
+if TYPE_CHECKING:
+    from .memory import PeakBytes
+
+__all__ = ["Backend", "NoOptions", "BACKENDS", "DEFAULT_BACKEND", "register_backend", "unregister_backend",
+           "get_backend", "make_options", "option_names"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,8 @@ class Backend:
     def prepare(self, data, spec, options) -> Any:
         raise NotImplementedError(f"backend {self.name!r} defines no prepare")
 
-    def peak_bytes(self, prepared, options) -> tuple[int, int] | None:
+    def peak_bytes(self, prepared, options) -> PeakBytes | None:
+        """No estimate: the model's memory guard is skipped."""
         return None
 
     def devices(self, options, devices: list, commit: bool) -> list:
@@ -92,6 +104,14 @@ class Backend:
         import jax
 
         return jax.device_put(prepared, devices[0] if commit else None), devices
+
+    def batch_runs(self, options) -> bool:
+        """Runs are evaluated one by one."""
+        return False
+
+    def stacks(self, prepared) -> list[dict]:
+        """No stacks of runs."""
+        return []
 
     def loglik(self, theta, prepared):
         raise NotImplementedError(f"backend {self.name!r} defines no loglik")
@@ -122,6 +142,23 @@ class Backend:
         for XLA's default."""
         return None
 
+    def pointwise_prepare(self, data, spec, options):
+        """The host preparation of the pointwise log likelihood."""
+        raise NotImplementedError(self._no_pointwise())
+
+    def pointwise_peak_bytes(self, prepared, options) -> PeakBytes | None:
+        """No estimate for the pointwise terms: the guard is skipped."""
+        return None
+
+    def pointwise(self, theta, prepared):
+        """``({stream key: (total samples of the stream,)}, events)``: the conditional log density of each stream
+        sample given every other observed value of its run."""
+        raise NotImplementedError(self._no_pointwise())
+
+    def _no_pointwise(self) -> str:
+        return (f"linear_algebra={self.name!r} does not compute the pointwise log likelihood "
+                f"(pointwise_log_likelihood(u, by='node')); by='run' gives the per-run terms")
+
     def latent_posterior(self, theta, prepared, data, spec, cov: bool = False):
         """Posterior of the latent factors on each run's grid (``list[msrm.LatentPosterior]``)."""
         raise NotImplementedError(f"linear_algebra={self.name!r} does not compute the latent posterior")
@@ -133,6 +170,9 @@ class Backend:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
+
+#: The backend ``msrm.GPMSRM`` uses when ``linear_algebra`` is not given.
+DEFAULT_BACKEND = "grouped"
 
 #: Modules whose import registers the built-in backends.
 BUILTIN_MODULES = ("msrm.gp.grouped", "msrm.gp.state_space")
@@ -225,13 +265,18 @@ def option_names(backend: Backend) -> tuple[str, ...]:
 def make_options(backend: Backend, method: str = "auto", **kwargs):
     """The backend's options from GPMSRM keywords.
 
-    A keyword given as None takes the backend's default. ``method`` goes into the options when the options type
-    has that field; otherwise only ``"auto"`` is accepted.
+    A keyword given as None takes the backend's default. ``method`` must be one of
+    :data:`msrm.gp.linalg.METHODS`, checked here and nowhere below: it goes into the options when the options
+    type has that field; otherwise only ``"auto"`` is accepted.
 
     Raises:
-        ValueError: a keyword that is not an option of this backend (named, with the backends it belongs to), or
-            an invalid value (from the options type's validation).
+        ValueError: an unknown ``method``; a keyword that is not an option of this backend (named, with the
+            backends it belongs to), or an invalid value (from the options type's validation).
     """
+    from .linalg import METHODS
+
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     own = option_names(backend)
     given = {k: v for k, v in kwargs.items() if v is not None}
     for key in given:

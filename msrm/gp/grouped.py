@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from ..latent import LatentPosterior, Prediction
-from . import conditional, likelihood, linalg, memory, multirun
+from . import conditional, likelihood, linalg, memory, multirun, pointwise
 from .backends import Backend, register_backend
 from .prepare import Prepared, prepare
 
@@ -35,7 +35,7 @@ class GroupedOptions:
 
     Fields:
         method: the factorization (:func:`msrm.gp.linalg.quad_logdet`): ``"auto"``, ``"callback"`` (LAPACK on the
-            host) or ``"native"`` (JAX).
+            host) or ``"native"`` (JAX); checked by :func:`msrm.gp.backends.make_options`.
         batch_runs: stack runs by shape signature and vmap them (True); False evaluates each run on its own, on one
             device.
         pad_tolerance: runs of one structure share a stack when padding grows their node count and grid by at most
@@ -47,8 +47,6 @@ class GroupedOptions:
     pad_tolerance: float = 0.1
 
     def __post_init__(self):
-        if self.method not in ("auto", "callback", "native"):
-            raise ValueError(f"method must be 'auto', 'callback' or 'native', got {self.method!r}")
         if not isinstance(self.batch_runs, (bool, np.bool_)):
             raise ValueError(f"batch_runs must be True or False, got {self.batch_runs!r}")
         tol = self.pad_tolerance
@@ -71,13 +69,24 @@ class GroupedBackend(Backend):
     def node_counts(self, prepared: Prepared) -> list[int]:
         return [int(r.layout.n_nodes) for r in prepared.runs]
 
-    def peak_bytes(self, prepared: Prepared, options: GroupedOptions) -> tuple[int, int]:
+    def peak_bytes(self, prepared: Prepared, options: GroupedOptions) -> memory.PeakBytes:
         """:func:`msrm.gp.memory.likelihood_peak_bytes` of the node counts each run is factorized with (after
         padding to its stack when ``batch_runs``)."""
         counts = (multirun.padded_node_counts(prepared.runs, options.pad_tolerance) if options.batch_runs
                   else self.node_counts(prepared))
-        K = prepared.runs[0].layout.n_factors if prepared.runs else 1
-        return memory.likelihood_peak_bytes(counts, K)
+        return _peak(prepared, counts, f"the {self.name} GP likelihood")
+
+    def batch_runs(self, options: GroupedOptions) -> bool:
+        return bool(options.batch_runs)
+
+    def stacks(self, prepared) -> list[dict]:
+        """One dict per stack of a :class:`~msrm.gp.likelihood.MultiRunPrepared` (``batch_runs=True``): the run
+        indices, the padded node count and grid length, the device slots it fills (runs plus dummy copies) and
+        the factorization method it is traced with; none for a per-run :class:`~msrm.gp.prepare.Prepared`."""
+        if not isinstance(prepared, likelihood.MultiRunPrepared):
+            return []
+        return [{"runs": list(b.run_index), "n_nodes": b.signature.n_nodes, "n_grid": b.signature.n_grid,
+                 "slots": b.n_stacked, "method": b.signature.method} for b in prepared.buckets]
 
     def devices(self, options: GroupedOptions, devices: list, commit: bool) -> list:
         """Several devices shard stacked runs (native factorization there); the per-run evaluation takes one."""
@@ -101,6 +110,17 @@ class GroupedBackend(Backend):
     def run_logliks(self, theta, prepared):
         return likelihood.run_logliks(theta, prepared)
 
+    def pointwise_prepare(self, data, spec, options: GroupedOptions) -> Prepared:
+        """The per-run layout of this backend's node table (:func:`msrm.gp.pointwise.pointwise_prepare`)."""
+        return pointwise.pointwise_prepare(data, spec, grouped=self.grouped)
+
+    def pointwise_peak_bytes(self, prepared: Prepared, options: GroupedOptions) -> memory.PeakBytes:
+        """:func:`msrm.gp.memory.likelihood_peak_bytes` of each run's own node count."""
+        return _peak(prepared, self.node_counts(prepared), f"the {self.name} pointwise log likelihood")
+
+    def pointwise(self, theta, prepared: Prepared):
+        return pointwise.pointwise_logliks(theta, prepared)
+
     def latent_posterior(self, theta, prepared, data, spec, cov: bool = False) -> list[LatentPosterior]:
         """Per run, the exact ``p(Z | Y, theta)`` on its grid (:func:`msrm.gp.conditional.posterior_arrays`)."""
         tables = conditional.run_tables(prepared, data, spec, grouped=self.grouped)
@@ -123,6 +143,13 @@ class GroupedBackend(Backend):
             out.append({key: Prediction(mean=m, sd=sd, signal_sd=ssd, times=query.times[key])
                         for key, (m, sd, ssd) in sorted(res["streams"].items())})
         return out
+
+
+def _peak(prepared: Prepared, counts: list[int], what: str) -> memory.PeakBytes:
+    """The guard's :class:`~msrm.gp.memory.PeakBytes` of factorizing runs with these node counts."""
+    K = prepared.runs[0].layout.n_factors if prepared.runs else 1
+    need, largest = memory.likelihood_peak_bytes(counts, K)
+    return memory.PeakBytes(need, f"{what} (largest factorization N*K = {largest})", dim=largest)
 
 
 def _warn_sd_rounding(sd, run: int) -> None:

@@ -38,8 +38,8 @@ gradient is assembled) and adds the largest run's states. Everything in it is li
 sequential scan (``T M`` is about the node count; ``S`` and ``c`` do not grow with the run beyond ``sqrt(T)``
 chunks), so a long single-stream run is bounded by its tables.
 
-The guards run where the sizes are known, before JAX traces anything: the model at construction,
-:func:`msrm.gp.linalg.quad_logdet` on an eager call.
+The guards run where the sizes are known, before JAX traces anything: the model at construction (on the
+:class:`PeakBytes` its backend predicts, :func:`check_peak`), :func:`msrm.gp.linalg.quad_logdet` on an eager call.
 
 Free memory is ``MemAvailable`` from ``/proc/meminfo`` on the CPU (psutil elsewhere) and ``bytes_limit -
 bytes_in_use`` from ``device.memory_stats()`` on an accelerator. ``MSRM_MEMORY_LIMIT_BYTES`` (environment) or
@@ -56,6 +56,7 @@ __all__ = [
     "PEAK_MATRICES",
     "PEAK_PANELS",
     "ENV_LIMIT",
+    "SUGGESTION",
     "dense_bytes",
     "predict_peak_bytes",
     "likelihood_peak_bytes",
@@ -68,6 +69,8 @@ __all__ = [
     "available_bytes",
     "memory_limit",
     "check_memory",
+    "PeakBytes",
+    "check_peak",
 ]
 
 PEAK_MATRICES = 6
@@ -76,6 +79,8 @@ SS_TABLE_COPIES = 5
 SS_NODE_COPIES = 4
 SS_PARALLEL_COPIES = 4
 ENV_LIMIT = "MSRM_MEMORY_LIMIT_BYTES"
+#: What the guard's refusal suggests when the caller names nothing better.
+SUGGESTION = "use linear_algebra='state_space'"
 _GB = 1e9
 _FLOAT64_BYTES = 8
 
@@ -268,7 +273,7 @@ def check_memory(
     nbytes: int,
     *,
     what: str,
-    suggestion: str = "use linear_algebra='state_space'",
+    suggestion: str = SUGGESTION,
     limit: int | None = None,
     dim: int | None = None,
     device: Any = None,
@@ -303,3 +308,30 @@ def check_memory(
         f"{what}{dim_txt} needs about {nbytes / _GB:.2f} GB at its peak, but only {cap / _GB:.2f} GB is "
         f"allowed ({source}); {suggestion}"
     )
+
+
+class PeakBytes(NamedTuple):
+    """A backend's predicted peak memory of one evaluation, the one shape the model's guard reads
+    (:meth:`msrm.gp.backends.Backend.peak_bytes`, :meth:`~msrm.gp.backends.Backend.pointwise_peak_bytes`).
+
+    Fields:
+        nbytes: int, the predicted peak in bytes (e.g. :func:`likelihood_peak_bytes`,
+            :func:`state_space_peak_bytes`).
+        what: str, what would run and its sizes; the refusal message starts with it.
+        dim: int or None, the largest dense factorization dimension (the message names its ``dim x dim``
+            float64 matrices); None for a backend without one.
+        suggestion: str, what to do instead; the refusal message ends with it.
+    """
+
+    nbytes: int
+    what: str
+    dim: int | None = None
+    suggestion: str = SUGGESTION
+
+
+def check_peak(peak: PeakBytes, *, device: Any = None) -> int:
+    """:func:`check_memory` of a :class:`PeakBytes`: refuse (``MemoryGuardError``) when it does not fit, else
+    return its bytes."""
+    if not isinstance(peak, PeakBytes):
+        raise ValueError(f"peak must be a msrm.gp.memory.PeakBytes, got {type(peak).__name__}")
+    return check_memory(peak.nbytes, what=peak.what, suggestion=peak.suggestion, dim=peak.dim, device=device)

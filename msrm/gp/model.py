@@ -34,11 +34,9 @@ from ..nodes import response_groups
 from ..params import Params
 from ..spec import ModelSpec
 from . import transforms as tf
+from .backends import DEFAULT_BACKEND, get_backend, make_options
 
-__all__ = ["GPMSRM", "LINEAR_ALGEBRA", "params_to_theta"]
-
-#: The built-in backends (every name registered in :data:`msrm.gp.backends.BACKENDS` is accepted).
-LINEAR_ALGEBRA = ("dense", "grouped", "state_space")
+__all__ = ["GPMSRM", "params_to_theta"]
 
 
 def _require_x64() -> None:
@@ -75,10 +73,10 @@ class GPMSRM:
         linear_algebra: a backend name: ``"grouped"`` (node-space Woodbury, default), ``"dense"`` (ungrouped
             reference), ``"state_space"`` (Kalman filter), or any name added with
             :func:`msrm.gp.backends.register_backend`.
-        method: ``"auto"`` (a host callback on the CPU platform when the process may use two or more CPUs,
-            native JAX otherwise), ``"callback"`` or ``"native"``. For dense/grouped it picks the LAPACK
-            factorization path; for state_space, where the sequential filter runs (NumPy and SciPy's BLAS on the
-            host, or an XLA scan).
+        method: one of :data:`msrm.gp.linalg.METHODS`: ``"auto"`` (a host callback on the CPU platform when the
+            process may use two or more CPUs, native JAX otherwise), ``"callback"`` or ``"native"``. For
+            dense/grouped it picks the LAPACK factorization path; for state_space, where the sequential filter runs
+            (NumPy and SciPy's BLAS on the host, or an XLA scan).
         priors: ``None`` (defaults), a :class:`~msrm.gp.transforms.Priors`, or a dict overriding names of
             :data:`~msrm.gp.transforms.PRIOR_DEFAULTS`.
         devices: where runs are evaluated: ``None`` (every local device when there are several, else the one),
@@ -99,20 +97,18 @@ class GPMSRM:
         MemoryGuardError: the factorization would not fit in memory (suggests ``state_space``).
     """
 
-    def __init__(self, data: Dataset, spec: ModelSpec, linear_algebra: str = "grouped", *, method: str = "auto",
-                 priors=None, devices=None, **options):
-        self._check_arguments(data, spec, method)
+    def __init__(self, data: Dataset, spec: ModelSpec, linear_algebra: str = DEFAULT_BACKEND, *,
+                 method: str = "auto", priors=None, devices=None, **options):
+        self._check_arguments(data, spec)
+        self.backend = get_backend(linear_algebra)
+        self.options = make_options(self.backend, method=method, **options)  # checks method, once
         self.selection = None  # kernel="auto": the msrm.Selection that chose the kernel
         if spec.kernel == "auto":
             from .kernel_choice import resolve_auto_kernel
 
             spec, self.selection = resolve_auto_kernel(data, spec, type(self), linear_algebra=linear_algebra,
                                                        method=method, priors=priors, devices=devices, **options)
-        from .backends import get_backend, make_options
-
-        self.backend = get_backend(linear_algebra)
         self.groups = response_groups(data, spec)  # KeyError for a modality without a response
-        self.options = make_options(self.backend, method=method, **options)
         self.data, self.spec, self.linear_algebra, self.method = data, spec, linear_algebra, method
         self.blocks = tf.param_blocks(data, spec)
         self.priors = self._resolve_priors(priors, data, spec)
@@ -122,13 +118,11 @@ class GPMSRM:
 
     # ------------------------------------------------------------------------------------------ construction
     @staticmethod
-    def _check_arguments(data, spec, method) -> None:
+    def _check_arguments(data, spec) -> None:
         if not isinstance(data, Dataset):
             raise ValueError(f"data must be an msrm.Dataset, got {type(data).__name__}")
         if not isinstance(spec, ModelSpec):
             raise ValueError(f"spec must be an msrm.ModelSpec, got {type(spec).__name__}")
-        if method not in ("auto", "callback", "native"):
-            raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
 
     @staticmethod
     def _resolve_priors(priors, data, spec) -> tf.Priors:
@@ -150,11 +144,9 @@ class GPMSRM:
         self.devices = self.backend.devices(self.options, resolve_devices(devices), commit)
         host = self.backend.prepare(self.data, self.spec, self.options)
         self._node_counts: list[int] = list(self.backend.node_counts(host))
-        peak = self.backend.peak_bytes(host, self.options)
-        if peak is not None:  # before anything is placed on a device
-            self._check_peak(*peak)
+        self._check_peak(self.backend.peak_bytes(host, self.options), "peak_bytes")  # before any placement
         prepared, self.devices = self.backend.place(host, self.options, self.devices, commit)
-        self.batch_runs = bool(getattr(self.options, "batch_runs", False))
+        self.batch_runs = bool(self.backend.batch_runs(self.options))
         return prepared
 
     def _build_functions(self) -> None:
@@ -188,36 +180,28 @@ class GPMSRM:
 
     @property
     def run_stacks(self) -> list[dict]:
-        """How runs are evaluated (dense/grouped, ``batch_runs=True``): one dict per stack with the run indices,
-        the padded node count and grid length, how many device slots it fills (runs plus dummy copies) and the
-        factorization method it was traced with."""
-        out = []
-        for b in getattr(self.prepared, "buckets", ()):
-            out.append({"runs": list(b.run_index), "n_nodes": b.signature.n_nodes, "n_grid": b.signature.n_grid,
-                        "slots": b.n_stacked, "method": b.signature.method})
-        return out
+        """How runs are evaluated when the backend stacks them (``batch_runs``): one dict per stack with the run
+        indices (``runs``), the padded node count and grid length (``n_nodes``, ``n_grid``), how many device slots
+        it fills (``slots``: runs plus dummy copies) and the factorization ``method`` it was traced with; empty
+        for a backend that evaluates runs one by one."""
+        return list(self.backend.stacks(self.prepared))
 
     @property
     def factorization_dims(self) -> list[int]:
-        """N K per run: the dimension of the dense factorization (dense/grouped)."""
+        """N K per run: the dimension of the dense node-space factorization (empty for a backend without one)."""
         return [n * self.spec.n_factors for n in self.node_counts]
 
-    def _check_peak(self, need: int, largest: int, what: str | None = None, suggestion: str | None = None) -> None:
-        """The memory guard on a backend's ``peak_bytes``: ``(bytes, dim)`` of a node-space factorization, or
-        ``(bytes, dim, what, suggestion)`` from a backend that names its own sizes and remedy (state space)."""
+    def _check_peak(self, peak, method: str) -> None:
+        """The memory guard on what a backend's ``method`` (``peak_bytes``, ``pointwise_peak_bytes``) predicts:
+        a :class:`msrm.gp.memory.PeakBytes`, or None for no estimate."""
         from . import memory
 
-        if what is not None:
-            memory.check_memory(need, what=what, **({} if suggestion is None else {"suggestion": suggestion}))
+        if peak is None:
             return
-        memory.check_memory(
-            need, what=f"the {self.linear_algebra} GP likelihood (largest factorization N*K = {largest})", dim=largest)
-
-    def _check_memory(self, node_counts) -> None:
-        """The memory guard for a dense/grouped factorization of runs with these node counts."""
-        from . import memory
-
-        self._check_peak(*memory.likelihood_peak_bytes(node_counts, self.spec.n_factors))
+        if not isinstance(peak, memory.PeakBytes):
+            raise TypeError(f"linear_algebra={self.backend.name!r}: {method} must return a msrm.gp.memory.PeakBytes "
+                            f"or None, got {type(peak).__name__}")
+        memory.check_peak(peak)
 
     @property
     def num_params(self) -> int:
@@ -345,14 +329,10 @@ class GPMSRM:
         if self._pointwise is None:
             import jax
 
-            from . import prepare as prep
-            from .pointwise import pointwise_logliks
-
-            self._check_memory(self._node_counts or [
-                int(r.layout.n_nodes) for r in prep.prepare(self.data, self.spec, grouped=True).runs])
-            prepared = prep.prepare(self.data, self.spec, grouped=self.linear_algebra != "dense", method="native")
-            blocks = self.blocks
-            self._pointwise = (prepared, jax.jit(lambda u, p: pointwise_logliks(tf.constrain(u, blocks)[0], p)))
+            backend, blocks = self.backend, self.blocks
+            prepared = backend.pointwise_prepare(self.data, self.spec, self.options)
+            self._check_peak(backend.pointwise_peak_bytes(prepared, self.options), "pointwise_peak_bytes")
+            self._pointwise = (prepared, jax.jit(lambda u, p: backend.pointwise(tf.constrain(u, blocks)[0], p)))
         prepared, fn = self._pointwise
         values, events = fn(u, prepared)
         self._record(events)

@@ -25,8 +25,10 @@ factorization): :func:`msrm.gp.conditional.node_posterior`, the node-space condi
 latent posterior and the predictions. A sample with every feature missing contributes an empty block (0).
 
 This is evidence for model comparison, not part of the gradient path: it runs in native JAX (guarded Cholesky
-of :mod:`msrm.gp.linalg`), on the per-run layout of :mod:`msrm.gp.prepare`, and its sum is *not* the joint log
-likelihood. Tested against the conditional densities of the brute-force observation covariance.
+of :mod:`msrm.gp.linalg`), on the per-run layout of :mod:`msrm.gp.prepare` (:func:`pointwise_prepare`), and its
+sum is *not* the joint log likelihood. The dense and grouped backends compute it on their own node table, the
+state-space backend on the grouped one (``pointwise_prepare``/``pointwise`` of :mod:`msrm.gp.backends`). Tested
+against the conditional densities of the brute-force observation covariance.
 """
 from __future__ import annotations
 
@@ -37,11 +39,17 @@ import jax.numpy as jnp
 
 from . import linalg
 from .conditional import node_posterior
-from .prepare import Prepared, RunPrepared
+from .prepare import Prepared, RunPrepared, prepare
 
-__all__ = ["run_pointwise", "pointwise_logliks"]
+__all__ = ["pointwise_prepare", "run_pointwise", "pointwise_logliks"]
 
 _LOG_2PI = math.log(2.0 * math.pi)
+
+
+def pointwise_prepare(data, spec, *, grouped: bool = True) -> Prepared:
+    """The per-run layout the pointwise terms are computed on: :func:`msrm.gp.prepare.prepare` of the grouped
+    (``grouped=True``) or the ungrouped dense node table, with the native factorization."""
+    return prepare(data, spec, grouped=grouped, method="native")
 
 
 def _logdet_and_solve(A, b):

@@ -49,21 +49,12 @@ from ..responses import Response
 from ..spec import ModelSpec
 from .kernels import grid_distances
 
-__all__ = [
-    "StreamStats",
-    "StreamLayout",
-    "GroupLayout",
-    "RunLayout",
-    "RunPrepared",
-    "Prepared",
-    "prepare_stream_stats",
-    "prepare_run",
-    "prepare",
-]
+__all__ = ["Prepared", "RunPrepared", "RunLayout", "prepare_run", "prepare"]
 
 
 class StreamStats(NamedTuple):
-    """Data arrays of one stream, centred per feature (module docstring).
+    """Data arrays of one stream with ``n_s`` samples of ``F`` features, centred per feature (module docstring);
+    every field float64 (the traced leaves of a prepared run).
 
     Fields:
         Y0: (n_s, F) ``y - c`` where observed, 0.0 where missing.
@@ -101,18 +92,18 @@ def prepare_stream_stats(stream: Stream) -> StreamStats:
 
 @dataclass(frozen=True, eq=False)
 class StreamLayout:
-    """Static placement of one stream's samples in the node table.
+    """Static placement of one stream's samples in the node table of its run (N nodes, K factors).
 
     Fields:
         key: stream key ``"participant/modality"``.
         group: index of its response group.
         n_features: F.
-        sample_nodes: (n_s,) node index of each sample.
-        node_counts: (N,) number of this stream's samples at each node (0 or 1 in practice).
+        sample_nodes: (n_s,) int64 node index of each sample.
+        node_counts: (N,) float64 number of this stream's samples at each node (0 or 1 in practice).
         has_missing: whether ``StreamStats.mask`` is present.
-        low_rows: (e,) row of the flattened (N K, K) factor ``R`` filled by each observed value at a
+        low_rows: (e,) int64 row of the flattened (N K, K) factor ``R`` filled by each observed value at a
             low-count node (``u * K + slot``).
-        low_feats: (e,) feature index of that value.
+        low_feats: (e,) int64 feature index of that value.
     """
 
     key: str
@@ -127,13 +118,13 @@ class StreamLayout:
 
 @dataclass(frozen=True, eq=False)
 class GroupLayout:
-    """Static response windows of one response group's nodes in one run.
+    """Static response windows of one response group's ``n_g`` nodes in one run.
 
     Fields:
         key: group key; response: the Response; param_key: key into ``theta["response"]`` or None.
-        node_start, node_stop: the group's nodes are ``node_start .. node_stop - 1`` (contiguous).
-        window: WindowLayout of the nodes' times on the grid.
-        rows, cols: (n_g * w,) positions of the window weights in the dense (N, J) response matrix.
+        node_start, node_stop: the group's nodes are ``node_start .. node_stop - 1`` (contiguous, ``n_g`` of them).
+        window: :class:`msrm.operators.WindowLayout` of the nodes' times on the grid (width ``w``).
+        rows, cols: (n_g * w,) int64 positions of the window weights in the dense (N, J) response matrix.
     """
 
     key: str
@@ -152,13 +143,15 @@ class RunLayout:
 
     Fields:
         n_nodes: N. n_grid: J. n_factors: K. n_obs: observed scalars. kernel: Matérn name.
-        grid: (J,) latent grid. dist: (J, J) grid distances, computed on first use and kept (the dense and
-        grouped covariances read them; the state-space backend never does, so a long grid costs it O(J)).
-        node_group, node_time: (N,) node table.
-        node_rows: (N,) observed feature rows per node.
-        groups: tuple of GroupLayout. streams: tuple of StreamLayout (same order as RunPrepared.streams).
-        chol_nodes: (n_c,) nodes whose factor is ``chol(Lambda_u)^T`` (observed rows > K).
-        method: quad_logdet method (``"auto"``, ``"callback"``, ``"native"``).
+        grid: (J,) float64 latent grid in seconds. dist: (J, J) float64 grid distances, computed on first use and
+        kept (the dense and grouped covariances read them; the state-space backend never does, so a long grid
+        costs it O(J)).
+        node_group: (N,) int64 response group of each node. node_time: (N,) float64 its sample time in seconds.
+        node_rows: (N,) int64 observed feature rows per node.
+        groups: one :class:`GroupLayout` per response group present in the run. streams: one
+        :class:`StreamLayout` per stream (same order as ``RunPrepared.streams``).
+        chol_nodes: (n_c,) int64 nodes whose factor is ``chol(Lambda_u)^T`` (observed rows > K).
+        method: quad_logdet method, one of :data:`msrm.gp.linalg.METHODS`.
         grouped: False for the ungrouped dense reference table.
     """
 
@@ -171,8 +164,8 @@ class RunLayout:
     node_group: np.ndarray
     node_time: np.ndarray
     node_rows: np.ndarray
-    groups: tuple
-    streams: tuple
+    groups: tuple[GroupLayout, ...]
+    streams: tuple[StreamLayout, ...]
     chol_nodes: np.ndarray
     method: str
     grouped: bool
@@ -187,16 +180,25 @@ jax.tree_util.register_pytree_node(RunLayout, lambda layout: ((), layout), lambd
 
 
 class RunPrepared(NamedTuple):
-    """One prepared run: static ``layout`` plus the traced ``streams`` data (same order as layout.streams)."""
+    """One prepared run (a pytree whose leaves are the arrays of ``streams``).
+
+    Fields:
+        layout: the static :class:`RunLayout` (no leaves).
+        streams: one :class:`StreamStats` per stream, same order as ``layout.streams``: (n_s, F) and (F,) float64.
+    """
 
     layout: RunLayout
-    streams: tuple
+    streams: tuple[StreamStats, ...]
 
 
 class Prepared(NamedTuple):
-    """A prepared dataset for the dense/grouped backends: one :class:`RunPrepared` per run."""
+    """A prepared dataset for the dense/grouped backends (a pytree).
 
-    runs: tuple
+    Fields:
+        runs: one :class:`RunPrepared` per run of the dataset, in its order.
+    """
+
+    runs: tuple[RunPrepared, ...]
 
 
 def _group_layout(g: ResponseGroup, start: int, stop: int, node_time: np.ndarray, grid: np.ndarray) -> GroupLayout:
@@ -316,12 +318,11 @@ def prepare(data: Dataset, spec: ModelSpec, *, grouped: bool = True, method: str
         data: the dataset.
         spec: the model spec.
         grouped: True (``"grouped"``) or False (``"dense"``, the ungrouped reference).
-        method: quad_logdet method: ``"auto"``, ``"callback"`` or ``"native"``.
+        method: quad_logdet method, one of :data:`msrm.gp.linalg.METHODS` (recorded in each layout; checked where
+            the options are made, :func:`msrm.gp.backends.make_options`, and by :func:`msrm.gp.linalg.quad_logdet`
+            when the likelihood is traced).
     Raises:
         KeyError: a modality of the data has no response in the spec.
-        ValueError: an unknown method.
     """
-    if method not in ("auto", "callback", "native"):
-        raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
     groups = response_groups(data, spec)
     return Prepared(runs=tuple(prepare_run(run, spec, groups, grouped=grouped, method=method) for run in data.runs))

@@ -78,13 +78,13 @@ class StateSpaceBackend(Backend):
         return prepare_options(data, spec, options)
 
     def peak_bytes(self, prepared: StateSpacePrepared, options: StateSpaceOptions):
-        """``(bytes, S, what, suggestion)``: the predicted peak of one value+gradient
-        (:func:`msrm.gp.memory.state_space_peak_bytes`), the largest state dimension, and for the guard's message
-        the sizes it comes from and what to do instead."""
+        """The predicted peak of one value+gradient (:func:`msrm.gp.memory.state_space_peak_bytes`), with the
+        sizes it comes from and what to do instead for the guard's message (no dense factorization: ``dim``
+        None)."""
         from .. import memory
 
         sizes = [run_sizes(run) for run in prepared.runs]
-        need, largest = memory.state_space_peak_bytes(sizes)
+        need, _ = memory.state_space_peak_bytes(sizes)
         r = max(range(len(sizes)), key=lambda i: memory.state_space_peak_bytes([sizes[i]])[0])
         z, t = sizes[r], prepared.runs[r].tables
         what = (f"the state_space GP likelihood ({len(sizes)} run(s); the largest, run {r}: J = {t.n_steps} grid "
@@ -93,7 +93,32 @@ class StateSpaceBackend(Backend):
         suggestion = ("the step tables grow with nodes x states, so pass a smaller block= (the ring, and with it "
                       "S, shrinks with the block), use a coarser latent_dt, drop parallel=True (its elements are "
                       "S x S per grid step), or run where more memory is free")
-        return need, largest, what, suggestion
+        return memory.PeakBytes(need, what, dim=None, suggestion=suggestion)
+
+    def pointwise_prepare(self, data, spec, options: StateSpaceOptions):
+        """The pointwise terms factorize the grouped node table (:func:`msrm.gp.pointwise.pointwise_prepare`):
+        the same conditional densities as ``"grouped"``."""
+        from ..pointwise import pointwise_prepare
+
+        return pointwise_prepare(data, spec, grouped=True)
+
+    def pointwise_peak_bytes(self, prepared, options: StateSpaceOptions):
+        """:func:`msrm.gp.memory.likelihood_peak_bytes` of each run's grouped node count: the pointwise terms hold
+        a dense node-space factorization, which a long run may not fit although its filter does."""
+        from .. import memory
+
+        counts = [int(r.layout.n_nodes) for r in prepared.runs]
+        need, largest = memory.likelihood_peak_bytes(counts, prepared.runs[0].layout.n_factors)
+        return memory.PeakBytes(
+            need, f"the state_space pointwise log likelihood on the grouped node table (largest factorization "
+                  f"N*K = {largest})", dim=largest,
+            suggestion="compare models with by='run' (per-run terms from the filter), or run where more memory "
+                       "is free")
+
+    def pointwise(self, theta, prepared):
+        from ..pointwise import pointwise_logliks
+
+        return pointwise_logliks(theta, prepared)
 
     def loglik(self, theta, prepared):
         return loglik(theta, prepared)

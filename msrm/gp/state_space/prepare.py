@@ -48,24 +48,25 @@ from .sde import n_states as sde_states
 # reverse pass walks back through them.
 KEEP_BYTES = 64 * 2**20
 
-__all__ = ["KEEP_BYTES", "StateSpaceOptions", "auto_block", "schedule_shape", "auto_chunk", "GroupTable", "RunTables",
-           "SSRun", "StateSpacePrepared", "prepare_run_tables", "prepare_options", "prepare"]
+__all__ = ["KEEP_BYTES", "StateSpaceOptions", "auto_block", "schedule_shape", "auto_chunk", "RunTables", "SSRun",
+           "StateSpacePrepared", "prepare_run_tables", "prepare_options", "prepare"]
 
 
 @dataclass(frozen=True, eq=False)
 class GroupTable:
-    """One response group's part of a run's step tables.
+    """One response group's part of a run's step tables (T sub-steps, N nodes in the run, ``n`` bank states per
+    factor, window width ``w``).
 
     Fields:
         key, response, param_key: as :class:`msrm.nodes.ResponseGroup`.
         mode: ``"ring"`` (exact delay line) or ``"bank"`` (filter-bank readout).
-        window: WindowLayout of the group's nodes (static widths).
+        window: :class:`msrm.operators.WindowLayout` of the group's nodes (static width ``w``).
         node_start: first node index of the group in the run's node table; n_g: its node count.
-        slot_local: (sub_steps, M_g) group-local node absorbed in each slot (``n_g`` = empty).
-        slot_global: (sub_steps, M_g) the same as run-wide node index (``N`` = empty).
-        proj: (n, w) least-squares readout for bank mode, else None.
-        ring_pos: (n_g + 1, w) ring slot of each window step (sequential ring mode; padding row 0), else None.
-        offset: (n_g + 1,) step of each node's window end inside its block (sequential bank mode), else None.
+        slot_local: (T, M_g) int32 group-local node absorbed in each slot (``n_g`` = empty).
+        slot_global: (T, M_g) int32 the same as run-wide node index (``N`` = empty).
+        proj: (n, w) float64 least-squares readout for bank mode, else None.
+        ring_pos: (n_g + 1, w) int32 ring slot of each window step (sequential ring mode; padding row 0), else None.
+        offset: (n_g + 1,) int32 step of each node's window end inside its block (sequential bank mode), else None.
     """
 
     key: str
@@ -95,16 +96,17 @@ class RunTables:
     """Static description of one run's scan (a leafless pytree node).
 
     Fields:
-        block_index: (T,) the block (sequential scan) or grid step (associative scan) of each sub-step; a unit
-            whose nodes exceed the slots is split into several sub-steps. predict: (T,) True on the last
-            sub-step of each unit.
+        block_index: (T,) int32 the block (sequential scan) or grid step (associative scan) of each sub-step; a
+            unit whose nodes exceed the slots is split into several sub-steps. predict: (T,) bool, True on the
+            last sub-step of each unit.
         K, kernel, step: factors, Matérn name, grid step Δ.
         d: SDE states per factor; L: the widest ring-mode window minus one; n_bank: bank states per factor.
         block: C, grid steps per block of the sequential scan (0 in the associative scan's shift register).
         n_ring: ring slots per factor, N = C (ceil(L / C) + 1) (sequential), or L delay slots (associative).
         n_steps: grid points J; chunk: sub-steps per checkpointed chunk; n_chunks; checkpoint: bool.
         embedding: ``"exact"``, ``"rational"`` or ``"laguerre"``; parallel: use the associative scan.
-        groups: tuple of GroupTable; bank_M (n, n), bank_v (n,) or None.
+        groups: one :class:`GroupTable` per response group of the run; bank_M (n, n), bank_v (n,) float64 of
+            the filter bank, or None without one.
         method: ``"callback"`` (the sequential scan on the host, :mod:`.host`) or ``"native"`` (XLA).
         block_source: where C came from: ``"option"`` (``block=``), ``"parallel"`` (the associative scan) or
             ``"default"`` (the rule of :mod:`.tuning`). block_predicted_s: the rule's modelled seconds for one
@@ -127,7 +129,7 @@ class RunTables:
     checkpoint: bool
     embedding: str
     parallel: bool
-    groups: tuple
+    groups: tuple[GroupTable, ...]
     bank_M: np.ndarray | None
     bank_v: np.ndarray | None
     method: str = "native"
@@ -165,16 +167,27 @@ jax.tree_util.register_pytree_node(RunTables, lambda t: ((), t), lambda t, _: t)
 
 
 class SSRun(NamedTuple):
-    """One prepared run: the shared grouped preparation (data arrays traced) and the static step tables."""
+    """One prepared run (a pytree whose leaves are the data arrays of ``gp``).
+
+    Fields:
+        gp: the shared grouped preparation, :class:`msrm.gp.prepare.RunPrepared` (its ``streams`` are the traced
+            (n_s, F) and (F,) float64 data arrays).
+        tables: the static :class:`RunTables` of the scan (no leaves).
+    """
 
     gp: RunPrepared
     tables: RunTables
 
 
 class StateSpacePrepared(NamedTuple):
-    """The state-space backend's prepared dataset (a pytree: pass it to ``jax.jit`` as an argument or close over it)."""
+    """The state-space backend's prepared dataset (a pytree: pass it to ``jax.jit`` as an argument or close over
+    it).
 
-    runs: tuple
+    Fields:
+        runs: one :class:`SSRun` per run of the dataset, in its order.
+    """
+
+    runs: tuple[SSRun, ...]
 
 
 EMBEDDING_DEFAULT = "exact"
@@ -187,7 +200,8 @@ class StateSpaceOptions:
     Fields:
         method: where the sequential scan runs: ``"callback"`` (NumPy and SciPy's BLAS on the host, called from
             JAX), ``"native"`` (an XLA scan) or ``"auto"`` (as :func:`msrm.gp.linalg.quad_logdet`: the callback on a
-            CPU backend with at least two cores, native elsewhere). The associative scan is always native.
+            CPU backend with at least two cores, native elsewhere). The associative scan is always native. Checked
+            by :func:`msrm.gp.backends.make_options`, which :func:`prepare` and ``GPMSRM`` build options with.
         response_embedding: ``"exact"`` (delay line), ``"rational"`` or ``"laguerre"`` (approximate banks).
         n_states: bank states per factor (banks only; None for ``"exact"``).
         parallel: True for the associative (log-depth) scan.
@@ -219,8 +233,6 @@ class StateSpaceOptions:
         every = self.checkpoint_every
         if every is not None and (isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 0):
             raise ValueError(f"checkpoint_every must be None (chosen per run), 0 (off) or a positive integer, got {every!r}")
-        if self.method not in ("auto", "callback", "native"):
-            raise ValueError(f"method must be 'auto', 'callback' or 'native', got {self.method!r}")
         block = self.block
         if block is not None and (isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1):
             raise ValueError(f"block must be a positive integer, got {block!r}")
@@ -441,6 +453,8 @@ def prepare(data: Dataset, spec: ModelSpec, *, response_embedding: str = EMBEDDI
     Raises:
         ValueError: a bad option (named); KeyError: a modality without a response.
     """
-    options = StateSpaceOptions(method=method, response_embedding=response_embedding, n_states=n_states,
-                                parallel=parallel, checkpoint_every=checkpoint_every, block=block)
+    from ..backends import get_backend, make_options
+
+    options = make_options(get_backend("state_space"), method=method, response_embedding=response_embedding,
+                           n_states=n_states, parallel=parallel, checkpoint_every=checkpoint_every, block=block)
     return prepare_options(data, spec, options)
