@@ -163,8 +163,10 @@ def nuts_rows(profile: str = "quick", *, info: dict | None = None, linear_algebr
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
     cfg = SIZES[profile]
     method = method if method is not None else cfg.get("method", "auto")
-    if method not in ("auto", "callback", "native"):
-        raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
+    from msrm.gp.linalg import METHODS
+
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     info = info if info is not None else execution_info(include_jax=True)
     common = dict(data_profile=cfg["profile"], n_features=cfg["n_features"], n_runs=cfg["n_runs"],
                   duration_scale=cfg.get("duration_scale", 1.0),
@@ -357,8 +359,10 @@ def chain_rows(profile: str = "quick", *, info: dict | None = None, linear_algeb
 
     if profile not in CHAIN_SIZES:
         raise ValueError(f"profile must be one of {sorted(CHAIN_SIZES)}, got {profile!r}")
-    if method not in ("auto", "callback", "native"):
-        raise ValueError(f"method must be 'auto', 'callback' or 'native', got {method!r}")
+    from msrm.gp.linalg import METHODS
+
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     cfg = CHAIN_SIZES[profile]
     info = info if info is not None else execution_info(include_jax=True)
     settings = dict(num_warmup=cfg["num_warmup"], num_samples=cfg["num_samples"],
