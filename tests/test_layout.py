@@ -7,6 +7,7 @@ level or inside a function, is an edge of the import graph.
 * ``msrm`` never imports ``msrm_lab`` (the tooling imports the library, never the reverse);
 * no private name (one leading underscore) of one module is used by another, by ``from m import _x`` or by
   ``m._x`` on an imported module, in ``msrm`` or ``msrm_lab``; such a name is made public or its code moved;
+* no function or method of ``msrm`` is longer than :data:`MAX_FUNCTION_LINES` lines;
 * the built wheel holds the library without the tooling inside it, and that ``msrm`` imports and computes from
   the unpacked wheel alone.
 """
@@ -169,6 +170,30 @@ def test_private_use_detector(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("from msrm import atomic\nfrom msrm.runtime import _x\natomic._helper()\n")
     assert private_uses("msrm.probe", src) == ["from msrm.runtime import _x", "msrm.atomic._helper (line 3)"]
+
+
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``file:function (lines)`` of every function or method in the file longer than ``limit`` lines (its
+    decorators excluded; signature, docstring and body counted)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [f"{path.name}:{n.name} ({n.end_lineno - n.lineno + 1})" for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > limit]
+
+
+def test_no_library_function_is_longer_than_a_screen():
+    long = [f"{path.parent.relative_to(ROOT)}/{f}" for path in modules("msrm").values()
+            for f in long_functions(path)]
+    assert not long, f"functions in msrm over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_long_function_detector(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    path = tmp_path / "probe.py"
+    path.write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}\n")
+    assert long_functions(path) == [f"probe.py:long ({MAX_FUNCTION_LINES + 1})"]
 
 
 @pytest.mark.timeout(600)
