@@ -3,7 +3,7 @@ r"""Hand-written reverse mode of the block filter (the adjoint form of the Kalma
 Reverse-mode autodiff through ``lax.scan`` differentiates every S x S operation of a sub-step, stores or
 recomputes the intermediates of all of them and transposes each row or column write into a full-size copy.
 Here the scan has a ``jax.custom_vjp`` whose backward pass carries only the adjoints ``(m̄, P̄)`` of the
-filtered mean and covariance (``P̄`` kept symmetric), sub-step by sub-step in reverse:
+filtered mean and covariance (``P̄`` symmetric to rounding), sub-step by sub-step in reverse:
 
 * **absorb** ``m' = m + U G⁻¹v``, ``P' = P − U W Uᵀ`` with ``U = P Bᵀ``, ``W = G⁻¹Λ`` (formed in the
   whitened form of :func:`.filter.absorb_state`): with ``Y = P̄' U`` (the one dense S x S x MK product of the
@@ -17,7 +17,8 @@ filtered mean and covariance (``P̄`` kept symmetric), sub-step by sub-step in r
   where ``(μ̄, C̄, R̄, ỹ̄)`` come from the small (MK x MK) part (:func:`.filter.white_vjp`, in the nodes'
   information factors ``R`` and whitened data ``ỹ``, whose adjoints round at the size of the result). ``B`` is
   the sub-step's weight matrix ``A`` (M, N + n) over the ring and bank rows, so ``Bᵀ Ūᵀ`` is ``Aᵀ`` times
-  ``Ūᵀ`` added to those rows (and, symmetrised, columns), and ``Ā`` is ``Ūᵀ`` against the same rows of ``P``.
+  ``Ūᵀ`` added to those rows (and, symmetrised, columns), and ``Ā`` is ``Ūᵀ`` against the same rows of ``P``
+  (:func:`.filter.absorb_vjp`, :func:`.filter.weight_vjp`: the host filter runs the same functions on NumPy).
 * **predict** is ``P ← F P Fᵀ + Q_f`` with ``F`` the identity except the rows it writes: the SDE write
   (``y = T s``) and, with a bank, the bank move. Its transpose ``P̄ ↦ Fᵀ P̄ F`` touches those rows and
   columns only, and ``T̄ = 2 (P̄' F P)[y, s] + m̄'_y m_sᵀ``, ``Q̄_b = P̄'[y, y]`` (per factor) need only
@@ -27,8 +28,8 @@ Memory: the forward pass keeps the state ``(m, P)`` at the start of each checkpo
 recomputes one chunk at a time (keeping that chunk's per-sub-step states) and runs the adjoint over it, so
 residual memory grows with ``n_chunks + chunk`` S x S matrices (:func:`.prepare.auto_chunk` picks the chunks:
 one, keeping every state, when they fit its budget, else about sqrt(sub-steps) of them). With
-``checkpoint_every=0`` there is always one chunk. The result equals the autodiff
-gradient of :func:`msrm.gp.state_space.filter.run_loglik_sequential` to rounding (tested).
+``checkpoint_every=0`` there is always one chunk. The result equals, to rounding, the gradient JAX's own reverse
+mode takes through the same scan (the oracle of the tests).
 """
 from __future__ import annotations
 
@@ -37,9 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .filter import (bank_block_moved, col_block, ring_base, row_block, sym, white_vjp, apply_B,
-                     bank_rows, block_transition, blockdiag, forward_step, initial_state, moved_transition, scan_inputs,
-                     step_tables, event_code)
+from .filter import (absorb_vjp, bank_block_moved, bank_rows, block_transition, blockdiag, col_block, event_code,
+                     forward_step, initial_state, moved_transition, node_moments, ring_base, row_block, scan_inputs,
+                     step_tables, weight_vjp)
 from .prepare import RunTables
 
 __all__ = ["run_loglik_adjoint"]
@@ -68,7 +69,8 @@ def _sde_write_transpose(t: RunTables, b, move, mb, Pb, T, Qb, Xs, ms):
     G = jnp.einsum("yks,sil->ykil", Wy, FPs.reshape(S, d, K))
     my = jnp.concatenate([row_block(mb, r1, C * K), row_block(mb, s0, d * K)]).reshape(Y, K)
     Tb = 2.0 * jnp.einsum("ykik->kyi", G) + jnp.einsum("yk,ik->kyi", my, ms.reshape(d, K))
-    Wyy = jnp.concatenate([col_block(Wy.reshape(Y * K, S), r1, C * K), col_block(Wy.reshape(Y * K, S), s0, d * K)], axis=1)
+    Wy2 = Wy.reshape(Y * K, S)
+    Wyy = jnp.concatenate([col_block(Wy2, r1, C * K), col_block(Wy2, s0, d * K)], axis=1)
     Qbb = jnp.einsum("ykzl,kl->kyz", Wyy.reshape(Y, K, Y, K), jnp.eye(K))
     # Fᵀ P̄ F: rows, then columns (the ring rows are dropped by a write, kept otherwise)
     Pb = lax.dynamic_update_slice(Pb, jnp.where(move, 0.0, Wr), (r1, zero))
@@ -108,9 +110,7 @@ def _backward_step(t: RunTables, m, P, L, mb, Pb, gll, x, T, Qb):
     b, move, A, Rs, ys = x
     K, Kd, s0 = t.K, t.K * t.d, t.sde_offset
     Rb = blockdiag(Rs)
-    U = apply_B(t, P, A).T  # (S, n)
-    mu = apply_B(t, m[:, None], A)[:, 0]
-    C = sym(apply_B(t, U, A))
+    U, mu, C = node_moments(t, A, m, P)
     X = lax.linalg.triangular_solve(L, jnp.concatenate([Rb, (ys - Rb @ mu)[:, None]], axis=1), left_side=True,
                                     lower=True)
     W, u = X[:, :-1], X[:, -1]
@@ -131,27 +131,11 @@ def _backward_step(t: RunTables, m, P, L, mb, Pb, gll, x, T, Qb):
         mb = _bank_rows_transpose(t, b, move, mb[:, None])[:, 0]
 
     # absorb
-    Y = Pb @ U  # the dense product of the sub-step
-    Ub = mb[:, None] * Giv[None, :] - 2.0 * Y @ GiL
-    GiLb = -(U.T @ Y)
-    Givb = U.T @ mb
-    mub, Cb, Rbb, yb = white_vjp(mu, C, Rb, ys, L, (Givb, GiLb, gll), W=W, u=u)
-    Cb = sym(Cb)
-    _, vjp_C = jax.vjp(lambda X, w: apply_B(t, X, w), U, A)
-    UbC, Ab_C = vjp_C(Cb)
-    Ub = Ub + UbC
-    _, vjp_mu = jax.vjp(lambda X, w: apply_B(t, X, w), m[:, None], A)
-    mb_mu, Ab_mu = vjp_mu(mub[:, None])
-    mb = mb + mb_mu[:, 0]
-    # Uᵀ = B P: Bᵀ Ūᵀ, symmetrised, into P̄; Ā = Ūᵀ against the rows of P
-    S, Q = P.shape[0], A.shape[1]
-    U3 = Ub.T.reshape(-1, K * S)
-    Zs = (A.T @ U3).reshape(S, S)
-    Ab_P = U3 @ P.reshape(Q, K * S).T
-    Pb = Pb + 0.5 * (Zs + Zs.T)
+    k = dict(A=A, U=U, mu=mu, Cm=C, Rb=Rb, y=ys, L=L, W=W, u=u, Giv=Giv, GiL=GiL)
+    mb, Pb, parts, Rbb, yb = absorb_vjp(t, k, mb, Pb, gll)
     M = Rs.shape[0]
     Rs_b = jnp.einsum("minj,mn->mij", Rbb.reshape(M, K, M, K), jnp.eye(M))
-    return mb, Pb, (Ab_C + Ab_mu + Ab_P, Rs_b, yb), (Tb, Qbb)
+    return mb, Pb, (weight_vjp(t, parts, U, m, P), Rs_b, yb), (Tb, Qbb)
 
 
 def _make_core(t: RunTables):
@@ -274,8 +258,7 @@ def _make_core_host(t: RunTables):
 
 def run_loglik_adjoint(theta, run):
     """Log likelihood of one run by the chunked block scan with the hand-written reverse mode (on the host with
-    ``method="callback"``, in XLA otherwise); (value, bad-step count). Same value as
-    :func:`msrm.gp.state_space.filter.run_loglik_sequential`."""
+    ``method="callback"``, in XLA otherwise); (value, bad-step count)."""
     t: RunTables = run.tables
     A, Rs, ys, data_term = step_tables(theta, run)
     T, Qb, Pinf = block_transition(theta, t)

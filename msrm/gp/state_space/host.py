@@ -1,16 +1,27 @@
 r"""The block filter and its reverse mode on the host: NumPy with SciPy's BLAS/LAPACK, called from JAX.
 
-The same arithmetic as :mod:`.filter` (forward) and :mod:`.adjoint` (reverse), written for the CPU. XLA:CPU runs a
-scan body one operation at a time on one core; here
+The arithmetic of :mod:`.filter` (forward) and :mod:`.adjoint` (reverse) for the CPU. XLA:CPU runs a scan body one
+operation at a time on one core; here
 
 * each sub-step's covariance update is one in-place ``dgemm`` with ``beta = 1`` (:func:`gemm_acc`: no separate
   subtraction pass, and no GIL held while it runs);
 * the absorb is the whitened form of :func:`.filter.white_values` (a Cholesky factor of ``I + R C Rᵀ``, one
-  triangular solve, the covariance downdated by ``VᵀV``), its reverse :func:`.filter.white_vjp`;
+  triangular solve, the covariance downdated by ``VᵀV``);
 * a sub-step reads only its occupied slots: an empty slot (zero weights, zero information factor and data)
   changes neither the value nor a gradient, so it is left out of the update instead of being carried at rank K;
 * a sub-step that does not predict skips the prediction instead of writing back what is there, and the
   prediction writes rows and copies them to the columns (the result is symmetric).
+
+**Shared and separate.** What is the same maths on either array library is one function taking ``xp``, called
+here with NumPy: the nodes' prior moments (:func:`.filter.node_moments`), the absorb's small part and its reverse
+(:func:`.filter.white_values`, :func:`.filter.white_vjp`), the absorb's reverse over the state
+(:func:`.filter.absorb_vjp`, :func:`.filter.weight_vjp`, which update NumPy adjoints in place) and the event code.
+The covariance downdate and the prediction with its transpose are written twice on purpose. The XLA scan needs
+one shape and no branch for every sub-step: block offsets are traced values read through dynamic slices, a
+sub-step that does not predict writes back what is there, and empty slots are carried at rank K. Here a sub-step
+reads only its occupied slots, skips what it does not do and updates the S x S covariance in place; written over
+one namespace, either the scan would branch or the host would copy its covariance several times per sub-step.
+Nor can the host run through ``jax.numpy``: per-call dispatch of these small operations is what it exists to avoid.
 
 :func:`msrm.gp.state_space.loglik` calls this through ``jax.pure_callback`` when the run was prepared with
 ``method="callback"`` (the default on a CPU with at least two cores); the XLA scan stays the path for accelerators
@@ -28,8 +39,8 @@ the covariance update of the S states at the largest update rank :math:`R_{\max}
 the bank move (:math:`n_b` bank states, blocks of C). With no explicit count
 (:func:`msrm.runtime.fixed_step_threads`) that is one thread for :math:`f < F_0`
 (:data:`msrm.runtime.DENSE_THREAD_MIN_FLOPS`), and otherwise a :func:`msrm.runtime.callback_threads` or
-``configure(blas_threads=)`` count, else the idle cores when the call starts, :func:`msrm.runtime.idle_cores`: the usable cores less
-the threads other processes are running.
+``configure(blas_threads=)`` count, else the idle cores when the call starts, :func:`msrm.runtime.idle_cores`: the
+usable cores less the threads other processes are running.
 
 Checkpointing is the same: the forward pass returns the state at the start of every chunk, and the reverse pass
 recomputes one chunk at a time (keeping that chunk's states) before running the adjoint over it.
@@ -44,11 +55,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from scipy.linalg import lapack
 
 from ... import runtime
 from .blas import gemm_acc, one_blas_thread
-from .filter import bank_block, block_conditioning, event_code, qy, sym, white_vjp
+from .filter import absorb_vjp, bank_block, event_code, node_moments, qy, weight_vjp, white_values
 from .prepare import RunTables
 
 __all__ = ["HostFilter", "gemm_acc", "one_blas_thread", "pipeline_pays", "largest_product_flops"]
@@ -101,7 +111,6 @@ class HostFilter:
     def __init__(self, t: RunTables):
         self.t = t
         self.K, self.C, self.d, self.S = t.K, t.block, t.d, t.n_states
-        self.Q = self.S // self.K
         self.s0, self.b0, self.n = t.sde_offset, t.bank_offset, t.n_bank
         self.nblk = t.n_ring // t.block
         self.block_index = np.asarray(t.block_index, dtype=np.int64)
@@ -118,7 +127,6 @@ class HostFilter:
         # the second thread pays off only when BLAS time, which runs without the GIL, outweighs the GIL-held
         # Python and small-array work of a sub-step
         self.pipeline_pays = pipeline_pays(self.S, rank, self.K)
-        self._ar = {}
         if self.n:
             bb = bank_block(t)
             self.Mc, self.Vc = bb["Mc"], bb["Vc"]
@@ -141,34 +149,6 @@ class HostFilter:
     def ring_row(self, b):
         """First state row of block b's ring slots."""
         return int(b % self.nblk) * self.C * self.K
-
-    def _small(self, mu, Cm, Rb, y, value=True):
-        """The small part of an absorb as :func:`.filter.white_values` forms it: (G⁻¹v, G⁻¹Λ, log Z', bad, L, W,
-        u, κ); log Z', bad and κ (:func:`.filter.block_conditioning`) only with ``value``. When ``G_s`` has no
-        Cholesky factor (the covariance lost definiteness) everything is NaN and bad is 1, as in the XLA filter."""
-        R = Cm.shape[0]
-        Gs = Rb @ Cm @ Rb.T
-        Gs += Gs.T
-        Gs *= 0.5
-        Gs.flat[:: R + 1] += 1.0
-        L, info = lapack.dpotrf(Gs, lower=1, clean=1)
-        if info != 0:
-            L = np.full((R, R), np.nan)
-        X, _ = lapack.dtrtrs(L, np.column_stack([Rb, y - Rb @ mu]), lower=1)
-        W, u = X[:, :R], X[:, R]
-        Giv, GiL = W.T @ u, W.T @ W
-        if not value:
-            return Giv, GiL, 0.0, 0, L, W, u, 1.0
-        d = L.diagonal()
-        logZ = -0.5 * float(u @ u) - float(np.log(d).sum())
-        kappa = float(np.max(block_conditioning(Gs.diagonal(), d)))
-        return Giv, GiL, logZ, int(info != 0), L, W, u, kappa
-
-    def _arange(self, R):
-        a = self._ar.get(R)
-        if a is None:
-            a = self._ar[R] = np.arange(R, dtype=np.int32)
-        return a
 
     def _blockdiag(self, Ls):
         M, K = Ls.shape[0], self.K
@@ -233,7 +213,7 @@ class HostFilter:
         """One sub-step in place; returns (log Z', bad, κ). ``keep`` (a dict) receives what the reverse pass reads
         (the covariance copied into ``buf`` when given); with ``value=False`` log Z' and bad are not computed and
         are returned as 0."""
-        K, S, Q = self.K, self.S, self.Q
+        K = self.K
         Ai, Ri, yi = self._slots(i, A, Rs, ys)
         R = Ai.shape[0] * K
         Pk = None if keep is None else P.copy() if buf is None else _copy_into(buf, P)
@@ -242,23 +222,22 @@ class HostFilter:
                 keep.update(m=m.copy(), P=Pk, R=0)
             self._maybe_predict(m, P, i, T, Qy, keep)
             return 0.0, 0, 1.0
-        Ut = (Ai @ P.reshape(Q, K * S)).reshape(R, S)  # B P; U = Ut.T
-        U = np.ascontiguousarray(Ut.T)
-        mu = (Ai @ m.reshape(Q, K)).reshape(R)
-        Cm = sym((Ai @ U.reshape(Q, K * R)).reshape(R, R))
+        U, mu, Cm = node_moments(self.t, Ai, m, P, np)
         Rb = self._blockdiag(Ri)
-        Giv, GiL, logZ, bad, L, W, u, kappa = self._small(mu, Cm, Rb, yi, value=value)
+        v = white_values(mu, Cm, Rb, yi, np, value=value)
         if keep is not None:
-            keep.update(m=m.copy(), P=Pk, R=R, A=Ai, y=yi, Rb=Rb, L=L, U=U, mu=mu, Cm=Cm, Giv=Giv, GiL=GiL, W=W,
-                        u=u)
+            keep.update(v)
+            keep.update(m=m.copy(), P=Pk, R=R, A=Ai, y=yi, Rb=Rb, U=U, mu=mu, Cm=Cm)
         # m + U G⁻¹v and P - U G⁻¹Λ Uᵀ through V = W Uᵀ (see filter.absorb_state: the products that round with
         # the size of the posterior, not of the prior)
-        V = W @ Ut
-        m += V.T @ u
+        V = v["W"] @ U.T
+        m += V.T @ v["u"]
         # P <- P - Vᵀ V, in place: P.T is the same memory in Fortran order
         gemm_acc(-1.0, V.T, np.asfortranarray(V), P.T)
         self._maybe_predict(m, P, i, T, Qy, keep)
-        return logZ, bad, kappa
+        if not value:
+            return 0.0, 0, 1.0
+        return v["logZ"], int(not v["ok"]), v["kappa"]
 
     def _maybe_predict(self, m, P, i, T, Qy, keep):
         """The prediction after sub-step i, if it predicts; ``keep`` also receives what the adjoint of the SDE
@@ -400,7 +379,7 @@ class HostFilter:
     def reverse_chunk(self, c, kept, T, gll, Rsb, yb, Tb, Qbb, mb, Pb):
         """The reverse pass over chunk c (in place on the adjoint accumulators except Ā); returns what
         :meth:`_weight_adjoints` needs for Ā."""
-        t, K, S = self.t, self.K, self.S
+        t, K = self.t, self.K
         deferred = []
         for i in reversed(range(c * t.chunk, (c + 1) * t.chunk)):
             k = kept[i - c * t.chunk]
@@ -416,27 +395,8 @@ class HostFilter:
                     self._bank_rows_transpose(b, mb[:, None])
             if not R:
                 continue
-            U, mu, Cm, Rb, Giv, GiL, Ai = (k[n] for n in ("U", "mu", "Cm", "Rb", "Giv", "GiL", "A"))
-            M = Ai.shape[0]
-            # absorb
-            Yp = Pb @ U
-            Ub = np.outer(mb, Giv) - 2.0 * Yp @ GiL
-            GiLb = -(U.T @ Yp)
-            Givb = U.T @ mb
-            mub, Cb, Rbb, ybi = white_vjp(mu, Cm, Rb, k["y"], k["L"], (Givb, GiLb, gll), xp=np, W=k["W"], u=k["u"])
-            Cb = sym(Cb)
-            # C = B U
-            Cb3 = Cb.reshape(M, K * R)
-            Ub += (Ai.T @ Cb3).reshape(S, R)
-            # mu = B m
-            mub2 = mub.reshape(M, K)
-            mb += (Ai.T @ mub2).reshape(S)
-            # U^T = B P
-            U3 = np.ascontiguousarray(Ub.T).reshape(M, K * S)
-            Zs = (Ai.T @ U3).reshape(S, S)
-            Zs *= 0.5
-            Pb += Zs
-            Pb += Zs.T
+            M = k["A"].shape[0]
+            _, _, parts, Rbb, ybi = absorb_vjp(t, k, mb, Pb, gll, np)  # mb and Pb in place
             idx = np.arange(M)
             j = self._occupied[i]
             if j is None:
@@ -444,19 +404,15 @@ class HostFilter:
             else:
                 Rsb[i][j] = Rbb.reshape(M, K, M, K)[idx, :, idx, :]
                 yb[i].reshape(-1, K)[j] = ybi.reshape(M, K)
-            deferred.append((i, Cb3, U, mub2, mi, U3, Pi))
+            deferred.append((i, parts, k["U"], mi, Pi))
         return deferred
 
     def _weight_adjoints(self, deferred, Ab):
-        """Ā of the sub-steps of one chunk (writes Ab rows): ``C = B U``, ``μ = B m`` and ``Uᵀ = B P`` against
-        the adjoints the reverse pass left. Nothing later in the reverse pass reads Ā, so this runs on the
-        helper thread when the pass is pipelined."""
-        K, S, Q = self.K, self.S, self.Q
-        for i, Cb3, U, mub2, mi, U3, Pi in deferred:
-            R = U.shape[1]
-            Ab_i = Cb3 @ U.reshape(Q, K * R).T
-            Ab_i += mub2 @ mi.reshape(Q, K).T
-            Ab_i += U3 @ Pi.reshape(Q, K * S).T
+        """Ā of the sub-steps of one chunk (writes Ab rows, :func:`.filter.weight_vjp`) from the adjoints the
+        reverse pass left. Nothing later in the reverse pass reads Ā, so this runs on the helper thread when the
+        pass is pipelined."""
+        for i, parts, U, mi, Pi in deferred:
+            Ab_i = weight_vjp(self.t, parts, U, mi, Pi)
             j = self._occupied[i]
             if j is None:
                 Ab[i] = Ab_i
