@@ -48,12 +48,14 @@ __all__ = ["PROFILES", "SITTING_BUDGET_S", "SHARE_WEIGHTS", "MIN_SHARE_S", "Note
            "discover", "notebook_stem", "run_notebook", "run_notebooks"]
 
 PROFILES = ("smoke", "quick", "note", "full")
-SITTING_BUDGET_S = {"smoke": 240.0, "quick": 480.0, "note": None, "full": None}
+SITTING_BUDGET_S = {"smoke": 240.0, "quick": 420.0, "note": None, "full": None}
 """Soft time budget of a sitting (every notebook run once) per profile (:mod:`msrm_lab.budget`). Each notebook's
 execution gets a share of what is left of the sitting's budget, in proportion to its weight among the notebooks
 still to run (:data:`SHARE_WEIGHTS`), at least :data:`MIN_SHARE_S`; a notebook that finishes early leaves its time
 to the ones after it; experiments and sizes that would start after its share are recorded as skipped. The note and
-full profiles have none: their rows are complete or the notebook fails."""
+full profiles have none: their rows are complete or the notebook fails. The quick budget is below the ten minutes
+``make book``'s sitting should take on an idle 2-core machine by about the work no notebook can skip (its kernel's
+start, its imports and the first experiment it always runs)."""
 SHARE_WEIGHTS = {"inventory": 0.2, "synthetic_study": 0.2, "linalg": 0.5, "gradient_nuts": 3.0, "state_space": 2.0}
 """Relative share of a sitting's budget per notebook (1 where not named): the notebooks that compile and sample
 the most get more."""
