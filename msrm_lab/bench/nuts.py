@@ -393,8 +393,17 @@ def chain_rows(profile: str = "quick", *, info: dict | None = None, linear_algeb
     u0 = jnp.asarray(model.unconstrain(model.initial_params(seed=seed)))
     t0 = time.perf_counter()
     jax.block_until_ready(potential_vg(u0))
-    row("potential_compile_s", time.perf_counter() - t0, "s")
+    compile_s = time.perf_counter() - t0
+    row("potential_compile_s", compile_s, "s")
     _, before = warm_median(lambda: potential_vg(u0), repeats=cfg["repeats"], warmup=0)
+    # predicted cost, as for the short chain of nuts_rows, plus the MAP start (about two gradients an iteration)
+    pot_s = float(np.median(before))
+    predicted = (6.0 * compile_s + 2 * cfg["map_maxiter"] * pot_s
+                 + (cfg["num_warmup"] + cfg["num_samples"]) * (2 ** cfg["max_tree_depth"] - 1) * pot_s)
+    reason = skip_reason(predicted_s=predicted)
+    if reason is not None:
+        return rows + skipped_rows(NOTEBOOK, "nuts_chain", reason, info=info,
+                                   metrics=(("seconds_per_leapfrog", "s"),), **common)
 
     with PeakMemory() as mem:
         post = timed_sample(model, init="map", map_options={"maxiter": cfg["map_maxiter"]}, progress=False,
