@@ -27,8 +27,10 @@ def test_notebook_is_stripped_and_parameterised(path):
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name}: outputs not stripped"
-    # nbformat 4.5 requires an id on every cell (a cell without one is a validation warning today, an error later)
-    missing = [i for i, c in enumerate(nb.cells) if not c.get("id")]
+    # nbformat 4.5 requires an id on every cell (a cell without one is a validation warning today, an error later);
+    # read from the file itself, since nbformat.read fills in missing ids
+    cells = json.loads(path.read_text())["cells"]
+    missing = [i for i, c in enumerate(cells) if not c.get("id")]
     assert not missing, f"{path.name}: cells {missing} have no id"
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'"
