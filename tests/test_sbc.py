@@ -183,3 +183,31 @@ def test_smoke_replications_in_parallel_processes_are_seeded_apart():
     assert [x["error"] for x in res] == [None, None], [x["error"] for x in res]
     assert [x["seed"] for x in res] == [0, 1]
     assert all(r["params"]["n_replications"] == 2 for r in rows if r["metric"] == "chi_square_p")
+
+
+def test_a_spent_budget_stops_between_rounds_and_records_what_it_skipped(monkeypatch):
+    import time
+
+    from msrm_lab.budget import DEADLINE_ENV
+
+    monkeypatch.setenv(DEADLINE_ENV, str(time.time() - 1.0))  # spent before the first round: that one still runs
+    keep: dict = {}
+    rows = sbc.sbc_rows("smoke", n_replications=3, methods=("laplace",), n_jobs=1, keep=keep, info={})
+    assert [x["r"] for x in keep["replications"]] == [0]
+    measured = [r for r in rows if r["metric"] == "chi_square_p" and r["status"] == "measured"]
+    assert measured and all(r["params"]["n_replications"] == 1 and r["params"]["n_planned"] == 3 for r in measured)
+    (skip,) = [r for r in rows if r["status"] == "not_yet_measured"]
+    assert skip["metric"] == "chi_square_p" and skip["params"]["replications_skipped"] == 2
+    assert skip["params"]["skipped_for"] == "time_budget" and "spent" in skip["params"]["reason"]
+
+
+def test_rank_shape_reads_u_hump_and_shift():
+    flat, u, hump = [10] * 5, [30, 5, 5, 5, 30], [2, 15, 36, 15, 2]
+    high, low = [2, 4, 8, 16, 30], [30, 16, 8, 4, 2]
+    assert sbc.rank_shape(u, 0.5) == "uniform"  # the test decides whether there is a departure at all
+    assert sbc.rank_shape(flat, 0.001) == "non-uniform"
+    assert sbc.rank_shape(u, 1e-6) == "too narrow" and sbc.rank_shape(hump, 1e-6) == "too wide"
+    assert sbc.rank_shape(high, 1e-6) == "draws below the truth"
+    assert sbc.rank_shape(low, 1e-6) == "draws above the truth"
+    with pytest.raises(ValueError, match="histogram"):
+        sbc.rank_shape([0, 0], 0.0)

@@ -35,11 +35,17 @@ freedom, :func:`chi_square_uniform`), and the randomised normalised ranks ``(ran
 (exactly U(0, 1) under calibration), with a one-sample Kolmogorov-Smirnov test (:func:`ks_uniform`). The row's
 ``value`` is the chi-square p-value; the statistic, the KS statistic and p-value and the counts are extra fields.
 
-**Rows** (notebook ``"sbc"``, experiment ``"sbc"``): per (method, quantity) a ``chi_square_p`` row with
-``n_replications`` (successful), ``n_failed``, ``chi_square``, ``chi_square_df``, ``ks_statistic``, ``ks_p``,
+**Time budget.** Without a notebook deadline (:mod:`msrm_lab.budget`; the ``note`` profile) every replication of
+every method runs, all in one pool of worker processes. With one (the ``quick`` profile) a method's replications run
+in rounds of ``n_jobs``; a round starts only while the median wall time of the method's finished replications still
+fits before the deadline (a method's first round always runs), and the replications never started are recorded.
+
+**Rows** (notebook ``"calibration"``, experiment ``"sbc"``): per (method, quantity) a ``chi_square_p`` row with
+``n_replications`` (successful), ``n_planned``, ``n_failed``, ``chi_square``, ``chi_square_df``, ``ks_statistic``, ``ks_p``,
 ``num_bins``, ``num_draws`` (L), ``rank_counts`` (list of B ints, like other rows carry arrays: a JSON list in the
 row's params); per method a ``wall_s_per_replication`` row (median, with every replication's wall as a list); per
-failed replication an ``error`` row with the traceback's last line.
+failed replication an ``error`` row with the traceback's last line; per method cut short by the budget a
+``not_yet_measured`` ``chi_square_p`` row with ``replications_skipped`` and the reason.
 """
 from __future__ import annotations
 
@@ -51,12 +57,13 @@ from typing import Any
 
 import numpy as np
 
+from ..budget import deadline, skip_reason, skipped_rows
 from .rows import make_row
 
-__all__ = ["SIZES", "ranks_of", "rank_histogram", "chi_square_uniform", "ks_uniform", "uniform_band",
+__all__ = ["SIZES", "ranks_of", "rank_histogram", "chi_square_uniform", "ks_uniform", "uniform_band", "rank_shape",
            "sbc_design", "sbc_priors", "quantities_of", "replication", "sbc_rows", "sbc_histograms"]
 
-NOTEBOOK = "sbc"
+NOTEBOOK = "calibration"
 EXPERIMENT = "sbc"
 
 _DESIGN = dict(duration=90.0, participants=2, n_brain_features=3, brain_dt=2.0, rating_dt=1.0, latent_dt=1.0,
@@ -65,10 +72,12 @@ SIZES: dict[str, dict[str, Any]] = {
     # a few replications end to end in seconds per replication
     "smoke": dict(_DESIGN, duration=60.0, n_replications=2, methods=("laplace",), num_draws=19, num_bins=4,
                   thin=1, num_warmup=30, map_maxiter=60, n_jobs=1),
-    "quick": dict(_DESIGN, n_replications=20, methods=("laplace", "nuts"), num_draws=49, num_bins=10, thin=2,
-                  num_warmup=150, map_maxiter=200, n_jobs=4),
+    # the Laplace approximation only (a NUTS replication takes minutes), in rounds until the budget is spent
+    "quick": dict(_DESIGN, n_replications=20, methods=("laplace",), num_draws=49, num_bins=10, thin=2,
+                  num_warmup=150, map_maxiter=200, n_jobs=2),
+    # n_jobs None: one worker process per physical core
     "note": dict(_DESIGN, duration=120.0, participants=3, n_replications=200, methods=("laplace", "nuts"),
-                 num_draws=99, num_bins=20, thin=4, num_warmup=300, map_maxiter=300, n_jobs=8),
+                 num_draws=99, num_bins=20, thin=4, num_warmup=300, map_maxiter=300, n_jobs=None),
 }
 
 
@@ -149,6 +158,28 @@ def uniform_band(n: int, num_bins: int, level: float = 0.99) -> tuple[float, flo
 
 
 # ------------------------------------------------------------------------------------------ the design
+
+
+def rank_shape(counts, p_value: float, level: float = 0.01) -> str:
+    """A plain reading of one rank histogram: ``"uniform"`` when the chi-square test does not reject at ``level``;
+    otherwise how it departs.
+
+    With ``m`` the mean rank bin scaled to [0, 1] (0.5 for a uniform histogram) and ``e`` the two outer bins' count
+    over what a uniform histogram puts there: ``|m - 0.5| >= 0.1`` is a shift (``m > 0.5``: the truth ranks high,
+    so the posterior's draws sit below it: ``"draws below the truth"``; else ``"draws above the truth"``); else
+    ``e > 1.5`` is a U (the truth falls outside the draws too often: ``"too narrow"``), ``e < 0.5`` a hump (it falls
+    in the middle too often: ``"too wide"``); anything else ``"non-uniform"``.
+    """
+    c = np.asarray(counts, dtype=float)
+    if c.ndim != 1 or c.size < 2 or c.sum() <= 0:
+        raise ValueError(f"counts must be a histogram of at least two bins with a positive total, got {counts!r}")
+    if p_value >= level:
+        return "uniform"
+    m = float(np.dot(np.arange(c.size), c) / c.sum() / (c.size - 1))
+    if abs(m - 0.5) >= 0.1:
+        return "draws below the truth" if m > 0.5 else "draws above the truth"
+    e = float((c[0] + c[-1]) / (2.0 * c.sum() / c.size))
+    return "too narrow" if e > 1.5 else "too wide" if e < 0.5 else "non-uniform"
 
 
 def sbc_design(cfg: dict):
@@ -320,40 +351,37 @@ def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0,
         profile: a key of :data:`SIZES`.
         info: ``execution_info()`` for every row (computed once if omitted).
         seed: base seed; replication ``r`` uses ``seed * 1000003 + r``.
-        n_jobs: worker processes (loky, one BLAS thread each; 1 runs in this process); None: the profile's.
+        n_jobs: worker processes (loky, one BLAS thread each; 1 runs in this process); None: the profile's
+            (where that is None, one per physical core).
         methods, n_replications: override the profile's.
         keep: if a dict, ``keep["replications"]`` receives every replication's raw result.
     """
-    from msrm.parallel import run_tasks
-
     if profile not in SIZES:
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
     cfg = dict(SIZES[profile])
     methods = tuple(methods if methods is not None else cfg["methods"])
     n_rep = int(n_replications if n_replications is not None else cfg["n_replications"])
-    n_jobs = int(n_jobs if n_jobs is not None else cfg["n_jobs"])
+    from msrm.parallel import resolve_n_jobs
+
+    n_jobs = resolve_n_jobs(n_jobs if n_jobs is not None else cfg["n_jobs"], n_rep * len(methods))
     if info is None:
         from msrm_lab.provenance import execution_info
 
         info = execution_info()
-    tasks = [(r, m) for m in methods for r in range(n_rep)]
     fn = functools.partial(_worker, cfg=cfg, seed=int(seed), one_thread=n_jobs > 1)
-    done = run_tasks(fn, tasks, n_jobs=n_jobs, backend="sequential" if n_jobs == 1 else "loky", blas_threads=1)
-    results = []
-    for res in done:
-        if res.error is not None:  # the worker itself failed (replication() catches its own errors)
-            results.append({"r": res.task[0], "method": res.task[1], "ranks": None, "error": res.error,
-                            "wall_s": float("nan")})
-        else:
-            results.append(res.value)
+    results, skipped = _replications(fn, methods, n_rep, n_jobs)
     if keep is not None:
         keep["replications"] = results
     L, B = int(cfg["num_draws"]), int(cfg["num_bins"])
     common = dict(profile=profile, duration=cfg["duration"], participants=cfg["participants"],
                   n_brain_features=cfg["n_brain_features"], K=cfg["n_factors"], linear_algebra="state_space",
-                  num_draws=L, num_bins=B, seed=int(seed))
+                  num_draws=L, num_bins=B, seed=int(seed), n_planned=n_rep)
     rows: list[dict] = []
     for method in methods:
+        if method in skipped:
+            count, reason = skipped[method]
+            rows += skipped_rows(NOTEBOOK, EXPERIMENT, reason, info=info, metrics=(("chi_square_p", "1"),),
+                                 method=method, replications_skipped=count, **common)
         mine = [x for x in results if x["method"] == method]
         ok = [x for x in mine if x["ranks"] is not None]
         failed = [x for x in mine if x["ranks"] is None]
@@ -380,6 +408,35 @@ def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0,
                                  test="pearson chi-square on binned ranks; KS on randomised normalised ranks",
                                  **common))
     return rows
+
+
+def _replications(fn, methods, n_rep: int, n_jobs: int) -> tuple[list[dict], dict[str, tuple[int, str]]]:
+    """Every replication's result (module docstring, time budget), and per method cut short by the budget the
+    number of replications not started and why."""
+    from msrm.parallel import run_tasks
+
+    def run(tasks):
+        done = run_tasks(fn, tasks, n_jobs=n_jobs, backend="sequential" if n_jobs == 1 else "loky", blas_threads=1)
+        # a worker that failed outside replication() (which records its own errors) is recorded the same way
+        return [res.value if res.error is None else
+                {"r": res.task[0], "method": res.task[1], "ranks": None, "error": res.error, "wall_s": float("nan")}
+                for res in done]
+
+    if deadline() is None:
+        return run([(r, m) for m in methods for r in range(n_rep)]), {}
+    results: list[dict] = []
+    skipped: dict[str, tuple[int, str]] = {}
+    for method in methods:
+        walls: list[float] = []
+        for start in range(0, n_rep, n_jobs):
+            reason = skip_reason(predicted_s=float(np.median(walls))) if walls else None
+            if reason is not None:
+                skipped[method] = (n_rep - start, reason)
+                break
+            batch = run([(r, method) for r in range(start, min(start + n_jobs, n_rep))])
+            results += batch
+            walls += [x["wall_s"] for x in batch if math.isfinite(x["wall_s"])]
+    return results, skipped
 
 
 # ------------------------------------------------------------------------------------------ figure
