@@ -211,3 +211,6 @@ def test_rank_shape_reads_u_hump_and_shift():
     assert sbc.rank_shape(low, 1e-6) == "draws above the truth"
     with pytest.raises(ValueError, match="histogram"):
         sbc.rank_shape([0, 0], 0.0)
+    # two replications in twenty bins: the test's p-value is not read at all
+    assert sbc.rank_shape([2] + [0] * 19, 1e-3) == "too few replications"
+    assert sbc.rank_shape([5] * 4, 0.5) == "uniform" and sbc.rank_shape([4] * 4, 0.5) == "too few replications"

@@ -60,8 +60,9 @@ import numpy as np
 from ..budget import deadline, skip_reason, skipped_rows
 from .rows import make_row
 
-__all__ = ["SIZES", "ranks_of", "rank_histogram", "chi_square_uniform", "ks_uniform", "uniform_band", "rank_shape",
-           "sbc_design", "sbc_priors", "quantities_of", "replication", "sbc_rows", "sbc_histograms"]
+__all__ = ["SIZES", "MIN_EXPECTED_PER_BIN", "ranks_of", "rank_histogram", "chi_square_uniform", "ks_uniform",
+           "uniform_band", "rank_shape", "sbc_design", "sbc_priors", "quantities_of", "replication", "sbc_rows",
+           "sbc_histograms"]
 
 NOTEBOOK = "calibration"
 EXPERIMENT = "sbc"
@@ -73,7 +74,7 @@ SIZES: dict[str, dict[str, Any]] = {
     "smoke": dict(_DESIGN, duration=60.0, n_replications=2, methods=("laplace",), num_draws=19, num_bins=4,
                   thin=1, num_warmup=30, map_maxiter=60, n_jobs=1),
     # the Laplace approximation only (a NUTS replication takes minutes), in rounds until the budget is spent
-    "quick": dict(_DESIGN, n_replications=20, methods=("laplace",), num_draws=49, num_bins=10, thin=2,
+    "quick": dict(_DESIGN, n_replications=25, methods=("laplace",), num_draws=49, num_bins=5, thin=2,
                   num_warmup=150, map_maxiter=200, n_jobs=2),
     # n_jobs None: one worker process per physical core
     "note": dict(_DESIGN, duration=120.0, participants=3, n_replications=200, methods=("laplace", "nuts"),
@@ -160,9 +161,15 @@ def uniform_band(n: int, num_bins: int, level: float = 0.99) -> tuple[float, flo
 # ------------------------------------------------------------------------------------------ the design
 
 
+MIN_EXPECTED_PER_BIN = 5
+"""Fewest replications per bin a uniform histogram must expect before its chi-square test is read (the usual rule
+for Pearson's approximation); with fewer, :func:`rank_shape` says so instead of reading the test."""
+
+
 def rank_shape(counts, p_value: float, level: float = 0.01) -> str:
-    """A plain reading of one rank histogram: ``"uniform"`` when the chi-square test does not reject at ``level``;
-    otherwise how it departs.
+    """A plain reading of one rank histogram: ``"too few replications"`` when a uniform histogram would expect
+    fewer than :data:`MIN_EXPECTED_PER_BIN` per bin; ``"uniform"`` when the chi-square test does not reject at
+    ``level``; otherwise how it departs.
 
     With ``m`` the mean rank bin scaled to [0, 1] (0.5 for a uniform histogram) and ``e`` the two outer bins' count
     over what a uniform histogram puts there: ``|m - 0.5| >= 0.1`` is a shift (``m > 0.5``: the truth ranks high,
@@ -173,6 +180,8 @@ def rank_shape(counts, p_value: float, level: float = 0.01) -> str:
     c = np.asarray(counts, dtype=float)
     if c.ndim != 1 or c.size < 2 or c.sum() <= 0:
         raise ValueError(f"counts must be a histogram of at least two bins with a positive total, got {counts!r}")
+    if c.sum() / c.size < MIN_EXPECTED_PER_BIN:
+        return "too few replications"
     if p_value >= level:
         return "uniform"
     m = float(np.dot(np.arange(c.size), c) / c.sum() / (c.size - 1))
@@ -471,7 +480,7 @@ def sbc_histograms(df, *, level: float = 0.99, ncols: int = 4):
         ax.axhspan(lo, hi, color="0.85", zorder=0)
         ax.axhline(n / B, color="0.5", lw=0.8)
         ax.bar(np.arange(B), counts, width=0.9, color="C0", zorder=1)
-        ax.set_title(f"{row['method']}: {row['quantity']}\np = {row['value']:.2g}", fontsize=8)
+        ax.set_title(f"{row['method']}: {row['quantity']}\np = {row['value']:.2g}, n = {n}", fontsize=8)
         ax.set_xticks([])
     for ax in axes.ravel()[len(df):]:
         ax.axis("off")
