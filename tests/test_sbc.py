@@ -214,3 +214,90 @@ def test_rank_shape_reads_u_hump_and_shift():
     # two replications in twenty bins: the test's p-value is not read at all
     assert sbc.rank_shape([2] + [0] * 19, 1e-3) == "too few replications"
     assert sbc.rank_shape([5] * 4, 0.5) == "uniform" and sbc.rank_shape([4] * 4, 0.5) == "too few replications"
+
+
+# ------------------------------------------------------------------------------------------ replication store
+
+
+def test_a_store_continues_where_the_last_sitting_stopped(tmp_path):
+    store = tmp_path / "results" / "here" / "note" / "calibration.replications"
+    first: dict = {}
+    sbc.sbc_rows("smoke", n_replications=2, methods=("laplace",), n_jobs=1, keep=first, info={}, store=store)
+    key = sbc.store_key(sbc.SIZES["smoke"], "laplace", 0)
+    assert sorted(p.name for p in (store / key).iterdir()) == ["laplace-00000.json", "laplace-00001.json"]
+
+    again: dict = {}
+    rows = sbc.sbc_rows("smoke", n_replications=3, methods=("laplace",), n_jobs=1, keep=again, info={},
+                        store=store)
+    res = {x["r"]: x for x in again["replications"]}
+    assert sorted(res) == [0, 1, 2] and "store" not in res[2] and "store" in res[0]
+    assert [res[r]["ranks"] for r in (0, 1)] == [x["ranks"] for x in first["replications"]]
+    p_rows = [r for r in rows if r["metric"] == "chi_square_p"]
+    assert p_rows and all(r["params"]["replications_by_origin"] == {"this machine's store": 2, "this sitting": 1}
+                          and r["params"]["n_replications"] == 3 for r in p_rows)
+    (wall,) = [r for r in rows if r["metric"] == "wall_s_per_replication"]
+    assert len(wall["params"]["walls"]) == 3  # the store is this machine's: its walls count
+
+
+def test_the_key_names_the_recipe_and_the_code_and_other_keys_are_pruned_from_the_own_store(tmp_path):
+    cfg = sbc.SIZES["smoke"]
+    key = sbc.store_key(cfg, "laplace", 0)
+    assert sbc.store_key(dict(cfg, n_replications=999, num_bins=2, n_jobs=7), "laplace", 0) == key
+    assert len({key, sbc.store_key(dict(cfg, num_warmup=31), "laplace", 0), sbc.store_key(cfg, "nuts", 0),
+                sbc.store_key(cfg, "laplace", 1)}) == 4
+
+    other = tmp_path / "results" / "there" / "note" / "calibration.replications"
+    mine = tmp_path / "results" / "here" / "note" / "calibration.replications"
+    sbc.sbc_rows("smoke", n_replications=1, methods=("laplace",), n_jobs=1, info={}, store=other)
+    stale = mine / ("0" * 16)
+    stale.mkdir(parents=True)
+    (stale / "laplace-00000.json").write_text("{}")
+    (other / ("f" * 16)).mkdir()
+    keep: dict = {}
+    rows = sbc.sbc_rows("smoke", n_replications=2, methods=("laplace",), n_jobs=1, keep=keep, info={}, store=mine,
+                        reuse=(other, mine))
+    assert not stale.exists() and (other / ("f" * 16)).is_dir()  # only this machine's store is pruned
+    assert sorted(p.name for p in (mine / key).iterdir()) == ["laplace-00001.json"]  # reused ones are not copied
+    p_rows = [r for r in rows if r["metric"] == "chi_square_p"]
+    assert all(r["params"]["replications_by_origin"] == {"there": 1, "this sitting": 1} for r in p_rows)
+    (wall,) = [r for r in rows if r["metric"] == "wall_s_per_replication"]
+    assert len(wall["params"]["walls"]) == 1  # another machine's wall time is not this one's
+
+
+def test_a_damaged_store_file_is_skipped_by_name_and_run_again(tmp_path):
+    key = sbc.store_key(sbc.SIZES["smoke"], "laplace", 0)
+    (tmp_path / key).mkdir()
+    bad = tmp_path / key / "laplace-00000.json"
+    bad.write_text('{"r": 0, "method": "lap')
+    with pytest.warns(RuntimeWarning, match="laplace-00000.json"):
+        assert sbc.stored_replications([tmp_path], key, "laplace", 5) == {}
+    bad.unlink()
+    (tmp_path / key / "laplace-00007.json").write_text(
+        '{"r": 7, "method": "laplace", "ranks": {"x": 1}, "wall_s": 1.0}')
+    assert sbc.stored_replications([tmp_path], key, "laplace", 5) == {}  # beyond the replications asked for
+
+
+def test_stored_walls_predict_the_first_round_under_a_spent_budget(tmp_path, monkeypatch):
+    import time
+
+    from msrm_lab.budget import DEADLINE_ENV
+
+    store = tmp_path / "calibration.replications"
+    sbc.sbc_rows("smoke", n_replications=1, methods=("laplace",), n_jobs=1, info={}, store=store)
+    monkeypatch.setenv(DEADLINE_ENV, str(time.time() - 1.0))
+    keep: dict = {}
+    rows = sbc.sbc_rows("smoke", n_replications=3, methods=("laplace",), n_jobs=1, keep=keep, info={}, store=store)
+    assert [x["r"] for x in keep["replications"]] == [0]  # a wall time is known, so no round starts
+    (skip,) = [r for r in rows if r["status"] == "not_yet_measured"]
+    assert skip["params"]["replications_skipped"] == 2
+
+
+def test_code_digest_follows_the_bytes_of_every_file(tmp_path):
+    from msrm_lab.provenance import code_digest
+
+    f = tmp_path / "extra.py"
+    f.write_text("a = 1\n")
+    d1 = code_digest(f)
+    assert code_digest(f) == d1 and len(d1) == 64
+    f.write_text("a = 1  # a comment\n")
+    assert code_digest(f) != d1

@@ -40,6 +40,15 @@ every method runs, all in one pool of worker processes. With one (the ``quick`` 
 in rounds of ``n_jobs``; a round starts only while the median wall time of the method's finished replications still
 fits before the deadline (a method's first round always runs), and the replications never started are recorded.
 
+**Replication store.** SBC at note size takes hours of NUTS, longer than one sitting, so replications can be kept:
+with ``store`` every successful replication is written, as soon as it finishes, to
+``<store>/<key>/<method>-<r>.json`` (its ranks, wall time, seed, and where it ran), ``key`` naming the recipe and
+the code (:func:`store_key`). A later sitting of the same code and settings reads them back and runs only the
+replications still missing; stores of other machines (``reuse``) contribute the same way, because replication
+``r`` is the same computation wherever it runs. Any change to the library, the simulator or the functions here that
+compute a replication changes the key, so a result never mixes replications of different code. The rows say where their replications came from
+(``replications_by_origin``); wall times are those of this machine only.
+
 **Rows** (notebook ``"calibration"``, experiment ``"sbc"``): per (method, quantity) a ``chi_square_p`` row with
 ``n_replications`` (successful), ``n_planned``, ``n_failed``, ``chi_square``, ``chi_square_df``, ``ks_statistic``, ``ks_p``,
 ``num_bins``, ``num_draws`` (L), ``rank_counts`` (list of B ints, like other rows carry arrays: a JSON list in the
@@ -50,9 +59,12 @@ failed replication an ``error`` row with the traceback's last line; per method c
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -61,14 +73,17 @@ from ..budget import deadline, skip_reason, skipped_rows
 from .rows import make_row
 
 __all__ = ["SIZES", "MIN_EXPECTED_PER_BIN", "ranks_of", "rank_histogram", "chi_square_uniform", "ks_uniform",
-           "uniform_band", "rank_shape", "sbc_design", "sbc_priors", "quantities_of", "replication", "sbc_rows",
-           "sbc_histograms"]
+           "uniform_band", "rank_shape", "sbc_design", "sbc_priors", "quantities_of", "replication", "store_key",
+           "stored_replications", "sbc_rows", "sbc_histograms"]
 
 NOTEBOOK = "calibration"
 EXPERIMENT = "sbc"
 
+# linear_algebra: the state space factorises no dense covariance, whose conditioning worsens with the long
+# lengthscales that the prior's tail draws; a replication that fails for its parameters would bias the ranks
 _DESIGN = dict(duration=90.0, participants=2, n_brain_features=3, brain_dt=2.0, rating_dt=1.0, latent_dt=1.0,
-               n_factors=1, kernel="matern32", lag_bounds=(0.0, 5.0), rating_width=1.5)
+               n_factors=1, kernel="matern32", lag_bounds=(0.0, 5.0), rating_width=1.5,
+               linear_algebra="state_space")
 SIZES: dict[str, dict[str, Any]] = {
     # a few replications end to end in seconds per replication
     "smoke": dict(_DESIGN, duration=60.0, n_replications=2, methods=("laplace",), num_draws=19, num_bins=4,
@@ -305,10 +320,10 @@ def replication(r: int, cfg: dict, method: str, seed: int = 0) -> dict:
 
         template, spec = sbc_design(cfg)
         priors = sbc_priors(template, spec)
-        prior_model = GPMSRM(template, spec, linear_algebra="state_space", priors=priors)
+        prior_model = GPMSRM(template, spec, linear_algebra=cfg["linear_algebra"], priors=priors)
         truth = prior_model.constrain(prior_model.prior_draw(seed_r))
         data, latents = simulate_from_params(template, spec, truth, seed=seed_r + 7_919)
-        model = GPMSRM(data, spec, linear_algebra="state_space", priors=priors)
+        model = GPMSRM(data, spec, linear_algebra=cfg["linear_algebra"], priors=priors)
         grid = latent_grid(data.runs[0].duration, spec)
         idx = _latent_indices(grid, data.runs[0].duration)
         q_true = quantities_of(truth, latents[0][idx, 0], data, spec)
@@ -335,17 +350,92 @@ def replication(r: int, cfg: dict, method: str, seed: int = 0) -> dict:
     return out
 
 
-def _worker(task: tuple, cfg: dict, seed: int, one_thread: bool) -> dict:
+def _worker(task: tuple, cfg: dict, seed: int, one_thread: bool, store: dict | None = None) -> dict:
     """One replication: float64 JAX; in a worker process (``one_thread``) also one BLAS thread for the libraries
     and for msrm's own thread choices (:func:`msrm.runtime.configure`), so parallel replications do not
-    oversubscribe the cores."""
+    oversubscribe the cores. With ``store`` (``{method: folder}``, :func:`sbc_rows`) a successful replication is
+    also written there at once, so a sitting cut short keeps every replication it finished."""
     import msrm
 
     if one_thread:
         msrm.runtime.configure(blas_threads=1)
     msrm.runtime.enable_x64()
     r, method = task
-    return replication(r, cfg, method, seed)
+    out = replication(r, cfg, method, seed)
+    if store is not None and out["ranks"] is not None:
+        _store_one(Path(store["folders"][method]), out, store["origin"])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the replication store
+
+
+#: settings that do not change what one replication computes (how many run, where, and how ranks are binned)
+_NOT_RECIPE = ("n_replications", "n_jobs", "methods", "num_bins")
+
+
+def store_key(cfg: dict, method: str, seed: int) -> str:
+    """The identity of one method's replications: the design and sampler settings of ``cfg`` (not
+    :data:`_NOT_RECIPE`), the method, the base seed, and the code that runs them: the digest of the library and
+    the simulator (:func:`msrm_lab.provenance.code_digest`) and the source of this module's functions that one
+    replication calls (:data:`_REPLICATION_CODE`; the rows, figures and command line around them may change
+    freely). Replication ``r`` of a key is the same computation wherever it runs, so replications stored under one
+    key by several sittings, or by several machines, are draws of one SBC experiment. 16 hex digits."""
+    import inspect
+
+    from msrm_lab.provenance import code_digest
+
+    recipe = {k: v for k, v in sorted(cfg.items()) if k not in _NOT_RECIPE}
+    sources = [inspect.getsource(f) for f in _REPLICATION_CODE]
+    text = json.dumps({"recipe": recipe, "method": method, "seed": int(seed), "code": code_digest(),
+                       "replication": sources}, sort_keys=True, default=list)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+#: the functions of this module that compute one replication (their source enters :func:`store_key`)
+_REPLICATION_CODE = (sbc_design, sbc_priors, _latent_indices, quantities_of, ranks_of, _posterior, replication,
+                     _worker)
+
+
+def _store_one(folder: Path, out: dict, origin: dict) -> None:
+    from msrm import atomic
+
+    atomic.write_json(folder / f"{out['method']}-{out['r']:05d}.json",
+                      {**{k: out[k] for k in ("r", "method", "seed", "ranks", "wall_s")}, "origin": origin})
+
+
+def stored_replications(stores, key: str, method: str, n_rep: int) -> dict[int, dict]:
+    """Finished replications ``0 <= r < n_rep`` of ``method`` stored under ``key`` in any of ``stores`` (folders
+    ``<store>/<key>/<method>-<r>.json``; the first store holding ``r`` wins), each with ``"store"`` set to the
+    folder it came from. A file that cannot be read is skipped with a warning naming it (files are written
+    atomically, so this means damage from outside)."""
+    import warnings
+
+    found: dict[int, dict] = {}
+    for store in stores:
+        for f in sorted((Path(store) / key).glob(f"{method}-*.json")):
+            try:
+                x = json.loads(f.read_text())
+                r = int(x["r"])
+                ok = x["method"] == method and isinstance(x["ranks"], dict) and 0 <= r < n_rep
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                warnings.warn(f"SBC store: skipping unreadable replication file {f}: {err}", RuntimeWarning,
+                              stacklevel=2)
+                continue
+            if ok and r not in found:
+                found[r] = {**x, "error": None, "store": str(store)}
+    return found
+
+
+def _prune(store: Path, keep: set[str]) -> None:
+    """Remove the folders of ``store`` whose key is not in ``keep``: replications of other code or settings,
+    which no sitting of this code can use."""
+    import shutil
+
+    if store.is_dir():
+        for folder in store.iterdir():
+            if folder.is_dir() and folder.name not in keep and len(folder.name) == 16:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------ rows
@@ -353,7 +443,8 @@ def _worker(task: tuple, cfg: dict, seed: int, one_thread: bool) -> dict:
 
 def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0, n_jobs: int | None = None,
              methods: tuple[str, ...] | None = None, n_replications: int | None = None,
-             keep: dict | None = None) -> list[dict]:
+             keep: dict | None = None, store: str | Path | None = None,
+             reuse: tuple[str | Path, ...] = ()) -> list[dict]:
     """Run ``SIZES[profile]`` and return its rows (module docstring).
 
     Args:
@@ -363,7 +454,11 @@ def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0,
         n_jobs: worker processes (loky, one BLAS thread each; 1 runs in this process); None: the profile's
             (where that is None, one per physical core).
         methods, n_replications: override the profile's.
-        keep: if a dict, ``keep["replications"]`` receives every replication's raw result.
+        keep: if a dict, ``keep["replications"]`` receives every replication's raw result (stored ones included).
+        store: this machine's replication store (module docstring): replications found there under the current
+            :func:`store_key` are not run again, every new one is written there as it finishes, and folders of
+            other keys are removed from it.
+        reuse: further stores (other machines') read for replications, never written; ``store`` is read first.
     """
     if profile not in SIZES:
         raise ValueError(f"profile must be one of {sorted(SIZES)}, got {profile!r}")
@@ -377,14 +472,29 @@ def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0,
         from msrm_lab.provenance import execution_info
 
         info = execution_info()
-    fn = functools.partial(_worker, cfg=cfg, seed=int(seed), one_thread=n_jobs > 1)
-    results, skipped = _replications(fn, methods, n_rep, n_jobs)
+    stored: dict[str, dict[int, dict]] = {m: {} for m in methods}
+    spec = None
+    if store is not None:
+        store = Path(store)
+        keys = {m: store_key(cfg, m, seed) for m in methods}
+        _prune(store, set(keys.values()))
+        stores = [store, *(Path(p) for p in reuse if Path(p).resolve() != store.resolve())]
+        stored = {m: stored_replications(stores, keys[m], m, n_rep) for m in methods}
+        origin = {k: info.get(k) for k in ("cpu_model", "physical_cores", "jax", "numpyro", "python", "git_commit",
+                                           "blas_kernel")}
+        spec = {"folders": {m: str(store / keys[m]) for m in methods}, "origin": origin}
+    fn = functools.partial(_worker, cfg=cfg, seed=int(seed), one_thread=n_jobs > 1, store=spec)
+    todo = {m: [r for r in range(n_rep) if r not in stored[m]] for m in methods}
+    own = {m: [x["wall_s"] for x in stored[m].values() if store is not None and Path(x["store"]) == store]
+           for m in methods}
+    fresh, skipped = _replications(fn, todo, n_jobs, own)
+    results = [x for m in methods for x in sorted(stored[m].values(), key=lambda x: x["r"])] + fresh
     if keep is not None:
         keep["replications"] = results
     L, B = int(cfg["num_draws"]), int(cfg["num_bins"])
     common = dict(profile=profile, duration=cfg["duration"], participants=cfg["participants"],
-                  n_brain_features=cfg["n_brain_features"], K=cfg["n_factors"], linear_algebra="state_space",
-                  num_draws=L, num_bins=B, seed=int(seed), n_planned=n_rep)
+                  n_brain_features=cfg["n_brain_features"], K=cfg["n_factors"],
+                  linear_algebra=cfg["linear_algebra"], num_draws=L, num_bins=B, seed=int(seed), n_planned=n_rep)
     rows: list[dict] = []
     for method in methods:
         if method in skipped:
@@ -398,7 +508,10 @@ def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0,
             last = x["error"].strip().splitlines()[-1] if x["error"] else "unknown"
             rows.append(make_row(NOTEBOOK, EXPERIMENT, "replication_failed", None, "", status="error", info=info,
                                  method=method, replication=x["r"], error=last, **common))
-        walls = [float(x["wall_s"]) for x in mine if math.isfinite(x["wall_s"])]
+        # walls measured on this machine only: this sitting's and those of its own store
+        walls = [float(x["wall_s"]) for x in mine if math.isfinite(x["wall_s"])
+                 and ("store" not in x or Path(x["store"]) == store)]
+        origins = _origins(mine, store)
         if walls:
             rows.append(make_row(NOTEBOOK, EXPERIMENT, "wall_s_per_replication", float(np.median(walls)), "s",
                                  info=info, method=method, walls=walls, n_replications=len(ok),
@@ -415,13 +528,33 @@ def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0,
                                  quantity=name, n_replications=len(ok), n_failed=len(failed), chi_square=chi,
                                  chi_square_df=B - 1, ks_statistic=ks, ks_p=ks_p, rank_counts=counts.tolist(),
                                  test="pearson chi-square on binned ranks; KS on randomised normalised ranks",
-                                 **common))
+                                 replications_by_origin=origins, **common))
     return rows
 
 
-def _replications(fn, methods, n_rep: int, n_jobs: int) -> tuple[list[dict], dict[str, tuple[int, str]]]:
-    """Every replication's result (module docstring, time budget), and per method cut short by the budget the
-    number of replications not started and why."""
+def _origins(results: list[dict], store: Path | None) -> dict[str, int]:
+    """How many successful replications came from where: ``"this sitting"``, ``"this machine's store"``, or the
+    name of the machine folder (``results/<label>/...``) of another store."""
+    out: dict[str, int] = {}
+    for x in results:
+        if x["ranks"] is None:
+            continue
+        if "store" not in x:
+            where = "this sitting"
+        elif store is not None and Path(x["store"]) == store:
+            where = "this machine's store"
+        else:
+            where = Path(x["store"]).parents[1].name
+        out[where] = out.get(where, 0) + 1
+    return out
+
+
+def _replications(fn, todo: dict[str, list[int]], n_jobs: int,
+                  walls_before: dict[str, list[float]]) -> tuple[list[dict], dict[str, tuple[int, str]]]:
+    """The result of every replication in ``todo`` (``{method: [r, ...]}``; module docstring, time budget), and
+    per method cut short by the budget the number of replications not started and why. ``walls_before``: wall
+    times of the method's replications finished on this machine by earlier sittings, which predict a round's
+    length before this sitting has finished one."""
     from msrm.parallel import run_tasks
 
     def run(tasks):
@@ -432,17 +565,17 @@ def _replications(fn, methods, n_rep: int, n_jobs: int) -> tuple[list[dict], dic
                 for res in done]
 
     if deadline() is None:
-        return run([(r, m) for m in methods for r in range(n_rep)]), {}
+        return run([(r, m) for m, rs in todo.items() for r in rs]), {}
     results: list[dict] = []
     skipped: dict[str, tuple[int, str]] = {}
-    for method in methods:
-        walls: list[float] = []
-        for start in range(0, n_rep, n_jobs):
+    for method, rs in todo.items():
+        walls = [w for w in walls_before.get(method, []) if math.isfinite(w)]
+        for start in range(0, len(rs), n_jobs):
             reason = skip_reason(predicted_s=float(np.median(walls))) if walls else None
             if reason is not None:
-                skipped[method] = (n_rep - start, reason)
+                skipped[method] = (len(rs) - start, reason)
                 break
-            batch = run([(r, method) for r in range(start, min(start + n_jobs, n_rep))])
+            batch = run([(r, method) for r in rs[start:start + n_jobs]])
             results += batch
             walls += [x["wall_s"] for x in batch if math.isfinite(x["wall_s"])]
     return results, skipped
@@ -487,3 +620,54 @@ def sbc_histograms(df, *, level: float = 0.99, ncols: int = 4):
     fig.supxlabel("rank bin")
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Advance a replication store from the shell, on any machine (``python -m msrm_lab.bench.sbc --help``).
+
+    Runs the profile's missing replications into ``<results>/<this machine's label>/<profile>/
+    calibration.replications`` (the store the calibration notebook reads), in rounds that stop before ``--budget``
+    seconds are spent, and prints one line per method: how many replications the store now holds. The rows
+    themselves come from the notebook, which reads every machine's store.
+    """
+    import argparse
+    import os
+
+    ap = argparse.ArgumentParser(prog="python -m msrm_lab.bench.sbc", description=main.__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="note", choices=sorted(SIZES))
+    ap.add_argument("--methods", default=None, help="comma-separated, default: the profile's")
+    ap.add_argument("--results", default="results", help="the results folder (default: results)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds after which no round starts")
+    ap.add_argument("--n-jobs", type=int, default=None, help="worker processes (default: one per physical core)")
+    args = ap.parse_args(argv)
+    if args.budget is not None and not args.budget > 0:
+        ap.error(f"--budget must be positive seconds, got {args.budget}")
+    methods = tuple(args.methods.split(",")) if args.methods else tuple(SIZES[args.profile]["methods"])
+    unknown = [m for m in methods if m not in ("laplace", "nuts")]
+    if unknown:
+        ap.error(f"--methods: unknown method(s) {unknown}; use laplace and/or nuts")
+    import msrm
+    from msrm_lab.budget import DEADLINE_ENV
+    from msrm_lab.notebooks.device import device_label
+    from msrm_lab.provenance import execution_info
+
+    msrm.runtime.configure(platform="cpu")
+    msrm.runtime.enable_x64()
+    if args.budget is not None:
+        os.environ[DEADLINE_ENV] = str(time.time() + args.budget)
+    store = Path(args.results) / device_label("cpu") / args.profile / "calibration.replications"
+    keep: dict = {}
+    sbc_rows(args.profile, info=execution_info(), methods=methods, n_jobs=args.n_jobs, store=store, keep=keep)
+    n_rep = int(SIZES[args.profile]["n_replications"])
+    for m in methods:
+        done = sum(1 for x in keep["replications"] if x["method"] == m and x["ranks"] is not None)
+        new = sum(1 for x in keep["replications"] if x["method"] == m and x["ranks"] is not None and "store" not in x)
+        print(f"{m}: {done} of {n_rep} replications finished ({new} in this call); store {store}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
