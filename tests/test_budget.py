@@ -52,6 +52,46 @@ def test_a_spent_budget_records_the_skipped_work(monkeypatch):
     assert rows[0]["params"] == {"reason": "why", "skipped_for": "time_budget", "scale": 8}
 
 
+def test_the_accuracy_sweep_checks_cases_until_the_budget_is_spent_and_names_the_rest(monkeypatch):
+    from msrm_lab.bench import accuracy
+
+    cases = accuracy.sweep_cases(accuracy.SIZES["quick"]["axes"], accuracy.SIZES["quick"]["kernels"])
+    answers = iter([None, None] + ["skipped: spent"] * len(cases))
+    monkeypatch.setattr(accuracy, "skip_reason", lambda predicted=0.0: next(answers))
+    monkeypatch.setattr(accuracy, "reference", lambda case, **kw: {"loglik": -1.0})
+    monkeypatch.setattr(accuracy, "check_case", lambda ref, backend, **kw: {
+        "backend": backend, "outcome": "within", "message": "", "density_error_nats": 0.0, "gradient_error": None,
+        "latent_mean_error": None, "latent_sd_error": None})
+    rows, details = accuracy.accuracy_rows("quick", info=INFO)
+    n_backends = len(accuracy.SIZES["quick"]["backends"])
+    assert len(details) == 2 * n_backends
+    assert [(d["axis"], d["ratio"]) for d in details[::n_backends]] == [(c["axis"], c["ratio"]) for c in cases[:2]]
+    skipped = [r for r in rows if r["status"] == "not_yet_measured"]
+    assert [(r["params"]["axis"], r["params"]["ratio"]) for r in skipped] == [
+        (c["axis"], c["ratio"]) for c in cases[2:]]
+    assert all(r["params"]["skipped_for"] == "time_budget" and r["params"]["reason"] == "skipped: spent"
+               for r in skipped)
+    summary = {(r["metric"], r["params"].get("backend")): r["value"] for r in rows
+               if r["experiment"] == "accuracy_summary"}
+    assert summary[("cases_skipped_for_budget", None)] == len(cases) - 2
+    assert all(summary[("within_cases", b)] == 2 and summary[("silent_cases", b)] == 0
+               for b in accuracy.SIZES["quick"]["backends"])
+
+
+def test_the_accuracy_sweep_without_a_budget_checks_every_case_and_reports_no_skip(monkeypatch):
+    from msrm_lab.bench import accuracy
+
+    monkeypatch.delenv(budget.DEADLINE_ENV, raising=False)
+    monkeypatch.setattr(accuracy, "reference", lambda case, **kw: {"loglik": -1.0})
+    monkeypatch.setattr(accuracy, "check_case", lambda ref, backend, **kw: {
+        "backend": backend, "outcome": "within", "message": "", "density_error_nats": 0.0, "gradient_error": None,
+        "latent_mean_error": None, "latent_sd_error": None})
+    rows, details = accuracy.accuracy_rows("smoke", info=INFO)
+    smoke = accuracy.SIZES["smoke"]
+    assert len(details) == len(accuracy.sweep_cases(smoke["axes"], smoke["kernels"])) * len(smoke["backends"])
+    assert not [r for r in rows if r["status"] != "measured" or r["metric"] == "cases_skipped_for_budget"]
+
+
 @pytest.mark.parametrize("raw", ["soon", "nan", "inf"])
 def test_a_bad_deadline_names_the_variable(monkeypatch, raw):
     monkeypatch.setenv(budget.DEADLINE_ENV, raw)

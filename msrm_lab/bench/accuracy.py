@@ -26,6 +26,8 @@ import warnings
 
 import numpy as np
 
+from msrm_lab.budget import skip_reason, skipped_rows
+
 from .rows import make_row
 
 __all__ = ["SIZES", "AXES", "sweep_cases", "check_case", "accuracy_rows", "DENSITY_RTOL", "DENSITY_ATOL",
@@ -155,14 +157,25 @@ def accuracy_rows(size: str, *, info=None) -> tuple[list[dict], list[dict]]:
     """Run the sweep of ``size`` (:data:`SIZES`); return (rows, details).
 
     Rows: per (case, backend) the density error in nats (and, in profiles that check them, the gradient and latent
-    errors) with the outcome in the row's parameters; per backend the count of cases by outcome
-    (``silent_cases`` is the one the contract requires to be zero) and the sweep's wall time.
+    errors) with the outcome in the row's parameters; per backend the count of checked cases by outcome
+    (``silent_cases`` is the one the contract requires to be zero) and the sweep's wall time. Under a notebook time
+    budget (:mod:`msrm_lab.budget`) a case that would start after it is not checked: it gets a ``not_yet_measured``
+    row naming it, and ``cases_skipped_for_budget`` counts them; details hold the checked cases only.
     """
     sz = SIZES[size]
     cases = sweep_cases(sz["axes"], sz["kernels"])
     rows, details = [], []
     start = time.perf_counter()
+    done = skipped = 0
     for case in cases:
+        # a case is skipped once the notebook's budget cannot hold another of the mean duration so far
+        reason = skip_reason((time.perf_counter() - start) / done if done else 0.0)
+        if reason is not None:
+            skipped += 1
+            rows += skipped_rows(NOTEBOOK, "accuracy", reason, info=info, metrics=(("density_error_nats", "nats"),),
+                                 axis=case["axis"], ratio=case["ratio"], kernel=case["kernel"], profile=size)
+            continue
+        done += 1
         ref = reference(case, gradient=sz["gradient"], latent=sz["latent"])
         for backend in sz["backends"]:
             res = check_case(ref, backend, gradient=sz["gradient"], latent=sz["latent"])
@@ -183,5 +196,8 @@ def accuracy_rows(size: str, *, info=None) -> tuple[list[dict], list[dict]]:
             rows.append(make_row(NOTEBOOK, "accuracy_summary", f"{outcome}_cases",
                                  sum(d["outcome"] == outcome for d in mine), "cases", info=info, backend=backend))
     rows.append(make_row(NOTEBOOK, "accuracy_summary", "sweep_wall_s", time.perf_counter() - start, "s", info=info,
-                         cases=len(cases), backends=len(sz["backends"])))
+                         cases=done, backends=len(sz["backends"])))
+    if skipped:
+        rows.append(make_row(NOTEBOOK, "accuracy_summary", "cases_skipped_for_budget", skipped, "cases", info=info,
+                             of=len(cases)))
     return rows, details
