@@ -30,7 +30,7 @@ __all__ = [
     "REFERENCE_LABEL", "NOT_MEASURED", "GPU_COLUMN", "NOT_IN_BUILD", "MISSING", "bytes_text", "PROFILE_ORDER",
     "results_roots", "load_results", "device_table",
     "device_summary", "reference_rows", "figure_paths", "fmt", "show_table", "figure_markdown", "show_figures",
-    "devices_in", "param_columns", "pick", "run_statuses", "profile_sittings", "spread", "show_measured_at",
+    "devices_in", "preferred_profile", "param_columns", "pick", "run_statuses", "profile_sittings", "spread", "show_measured_at",
 ]
 
 REFERENCE_LABEL = "note, 2026-09-21"
@@ -114,13 +114,15 @@ def devices_in(df: pd.DataFrame, notebook: str | None = None) -> list[str]:
     return sorted(df["device"].dropna().unique().tolist())
 
 
-def _preferred(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep, per device and notebook, only the most preferred profile present (note > full > quick > smoke)."""
+def preferred_profile(df: pd.DataFrame, by: Sequence[str] = ("device", "notebook")) -> pd.DataFrame:
+    """Keep, per group of ``by`` (default: device and notebook), only the rows of the most preferred profile the
+    group has (note > full > quick > smoke; an unknown profile ranks last), so a chapter never mixes two sittings
+    of different profiles on one device."""
     if df.empty:
         return df
     rank = {p: i for i, p in enumerate(PROFILE_ORDER)}
     r = df["profile"].map(lambda p: rank.get(p, len(rank)))
-    best = r.groupby([df["device"], df["notebook"]]).transform("min")
+    best = r.groupby([df[c] for c in by]).transform("min")
     return df[r == best]
 
 
@@ -204,7 +206,7 @@ def _device_table(df, notebook, experiment, metric, index, *, all_profiles) -> p
     # a parameter that only unmeasured rows lack (e.g. a not-yet-measured placeholder) labels as blank
     sub = sub.assign(**{c: "" for c in index if c not in sub.columns})
     if not all_profiles:
-        sub = _preferred(sub)
+        sub = preferred_profile(sub)
     sub = sub.copy()
     sub["column"] = sub["device"] if not all_profiles else sub["device"] + " (" + sub["profile"] + ")"
     if "info_timestamp" in sub:
@@ -393,7 +395,7 @@ def show_measured_at(df: pd.DataFrame, notebooks: Sequence[str]) -> str:
 
     parts = []
     for notebook in notebooks:
-        sub = _preferred(df[df["notebook"] == notebook])
+        sub = preferred_profile(df[df["notebook"] == notebook])
         where = []
         for (device, profile), g in sub.groupby(["device", "profile"], sort=True):
             commits = sorted({str(c)[:7] + ("-dirty" if str(c).endswith("-dirty") else "") if isinstance(c, str)

@@ -296,3 +296,16 @@ def test_spread_is_over_processes_for_merged_rows_and_over_repeats_otherwise():
     assert mb.spread({"value": 1.0, "min": float("nan"), "max": 2.0}) == (None, None, "repeats")
     assert mb.spread(pd.Series({"process_repeats": 2, "process_min": None, "process_max": 3.0})) == (
         None, None, "processes")
+
+
+def test_preferred_profile_keeps_one_profile_per_group(results):
+    df = mb.load_results(results)
+    kept = mb.preferred_profile(df)
+    # the device with a note sitting keeps only it; the device with a quick sitting alone keeps that
+    assert set(kept[kept.device == "cpu-a-2c"]["profile"]) == {"note"}
+    assert set(kept[kept.device == "cuda-h200"]["profile"]) == {"quick"}
+    assert len(kept[kept.device == "cpu-a-2c"]) == 1
+    # grouping by notebook as well as device never mixes profiles inside a group either
+    for _, g in mb.preferred_profile(df, by=["device"]).groupby("device"):
+        assert g["profile"].nunique() == 1
+    assert mb.preferred_profile(df.iloc[0:0]).empty
