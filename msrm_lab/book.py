@@ -30,7 +30,8 @@ __all__ = [
     "REFERENCE_LABEL", "NOT_MEASURED", "GPU_COLUMN", "NOT_IN_BUILD", "MISSING", "bytes_text", "PROFILE_ORDER",
     "results_roots", "load_results", "device_table",
     "device_summary", "reference_rows", "figure_paths", "fmt", "show_table", "figure_markdown", "show_figures",
-    "devices_in", "preferred_profile", "param_columns", "pick", "run_statuses", "profile_sittings", "spread", "show_measured_at",
+    "devices_in", "preferred_profile", "param_columns", "pick", "run_statuses", "profile_sittings", "spread",
+    "show_measured_at",
 ]
 
 REFERENCE_LABEL = "note, 2026-09-21"

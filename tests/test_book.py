@@ -305,7 +305,7 @@ def test_preferred_profile_keeps_one_profile_per_group(results):
     assert set(kept[kept.device == "cpu-a-2c"]["profile"]) == {"note"}
     assert set(kept[kept.device == "cuda-h200"]["profile"]) == {"quick"}
     assert len(kept[kept.device == "cpu-a-2c"]) == 1
-    # grouping by notebook as well as device never mixes profiles inside a group either
+    # grouped by device alone, each device keeps one profile across all its notebooks
     for _, g in mb.preferred_profile(df, by=["device"]).groupby("device"):
         assert g["profile"].nunique() == 1
     assert mb.preferred_profile(df.iloc[0:0]).empty
