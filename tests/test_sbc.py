@@ -257,6 +257,9 @@ def test_the_key_names_the_recipe_and_the_code_and_other_keys_are_pruned_from_th
     rows = sbc.sbc_rows("smoke", n_replications=2, methods=("laplace",), n_jobs=1, keep=keep, info={}, store=mine,
                         reuse=(other, mine))
     assert not stale.exists() and (other / ("f" * 16)).is_dir()  # only this machine's store is pruned
+    # a call for the other method keeps this method's replications of the same code
+    sbc.sbc_rows("smoke", n_replications=0, methods=("nuts",), n_jobs=1, info={}, store=mine)
+    assert (mine / key / "laplace-00001.json").is_file()
     assert sorted(p.name for p in (mine / key).iterdir()) == ["laplace-00001.json"]  # reused ones are not copied
     p_rows = [r for r in rows if r["metric"] == "chi_square_p"]
     assert all(r["params"]["replications_by_origin"] == {"there": 1, "this sitting": 1} for r in p_rows)
@@ -301,3 +304,24 @@ def test_code_digest_follows_the_bytes_of_every_file(tmp_path):
     assert code_digest(f) == d1 and len(d1) == 64
     f.write_text("a = 1  # a comment\n")
     assert code_digest(f) != d1
+
+
+def test_the_command_line_reads_every_other_machines_store_and_writes_only_its_own(tmp_path, monkeypatch):
+    from msrm_lab.notebooks.device import device_label
+
+    own = tmp_path / device_label("cpu") / "smoke" / "calibration.replications"
+    others = [tmp_path / label / "smoke" / "calibration.replications" for label in ("cpu-a-2c", "cpu-b-13c")]
+    for folder in [own, *others, tmp_path / "cpu-c-4c" / "note" / "calibration.replications"]:
+        folder.mkdir(parents=True)
+    seen = {}
+
+    def fake_rows(profile, *, store, reuse, keep, **kwargs):
+        seen.update(profile=profile, store=store, reuse=reuse)
+        keep["replications"] = []
+        return []
+
+    monkeypatch.setattr(sbc, "sbc_rows", fake_rows)
+    assert sbc.main(["--profile", "smoke", "--results", str(tmp_path), "--methods", "laplace"]) == 0
+    assert seen["store"] == own
+    # the other machines' stores of the same profile, not the own store and not another profile's
+    assert list(seen["reuse"]) == others

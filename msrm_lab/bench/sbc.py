@@ -45,7 +45,10 @@ with ``store`` every successful replication is written, as soon as it finishes, 
 ``<store>/<key>/<method>-<r>.json`` (its ranks, wall time, seed, and where it ran), ``key`` naming the recipe and
 the code (:func:`store_key`). A later sitting of the same code and settings reads them back and runs only the
 replications still missing; stores of other machines (``reuse``) contribute the same way, because replication
-``r`` is the same computation wherever it runs. Any change to the library, the simulator or the functions here that
+``r`` is the same computation wherever it runs: the same truth and data, the same sampler and seeds. Its ranks agree
+across machines only up to MCMC's sensitivity to rounding (another JAX build or CPU takes other trajectories, which
+move a rank by a few places), and each is a valid draw of the experiment; a replication held by several stores
+counts once, the first store read (this machine's) giving its ranks. Any change to the library, the simulator or the functions here that
 compute a replication changes the key, so a result never mixes replications of different code. The rows say where their replications came from
 (``replications_by_origin``); wall times are those of this machine only.
 
@@ -457,7 +460,7 @@ def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0,
         keep: if a dict, ``keep["replications"]`` receives every replication's raw result (stored ones included).
         store: this machine's replication store (module docstring): replications found there under the current
             :func:`store_key` are not run again, every new one is written there as it finishes, and folders of
-            other keys are removed from it.
+            other keys (other code or settings; not the other method's) are removed from it.
         reuse: further stores (other machines') read for replications, never written; ``store`` is read first.
     """
     if profile not in SIZES:
@@ -477,7 +480,9 @@ def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0,
     if store is not None:
         store = Path(store)
         keys = {m: store_key(cfg, m, seed) for m in methods}
-        _prune(store, set(keys.values()))
+        # every method's key of this code is kept, also those of methods this call does not run: a call for one
+        # method must not remove the other's replications
+        _prune(store, {store_key(cfg, m, seed) for m in ("laplace", "nuts")})
         stores = [store, *(Path(p) for p in reuse if Path(p).resolve() != store.resolve())]
         stored = {m: stored_replications(stores, keys[m], m, n_rep) for m in methods}
         origin = {k: info.get(k) for k in ("cpu_model", "physical_cores", "jax", "numpyro", "python", "git_commit",
@@ -628,10 +633,11 @@ def sbc_histograms(df, *, level: float = 0.99, ncols: int = 4):
 def main(argv: list[str] | None = None) -> int:
     """Advance a replication store from the shell, on any machine (``python -m msrm_lab.bench.sbc --help``).
 
-    Runs the profile's missing replications into ``<results>/<this machine's label>/<profile>/
-    calibration.replications`` (the store the calibration notebook reads), in rounds that stop before ``--budget``
-    seconds are spent, and prints one line per method: how many replications the store now holds. The rows
-    themselves come from the notebook, which reads every machine's store.
+    Runs the profile's replications that no store under ``<results>/*/<profile>/`` holds yet into
+    ``<results>/<this machine's label>/<profile>/calibration.replications`` (the store the calibration notebook
+    reads), in rounds that stop before ``--budget`` seconds are spent, and prints one line per method: how many
+    replications all the stores now hold together. The rows themselves come from the notebook, which reads every
+    machine's store the same way.
     """
     import argparse
     import os
@@ -659,8 +665,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget is not None:
         os.environ[DEADLINE_ENV] = str(time.time() + args.budget)
     store = Path(args.results) / device_label("cpu") / args.profile / "calibration.replications"
+    # the other machines' stores of this profile, as the notebook reads them: their replications are not run again
+    reuse = tuple(p for p in sorted(Path(args.results).glob(f"*/{args.profile}/calibration.replications"))
+                  if p.resolve() != store.resolve())
     keep: dict = {}
-    sbc_rows(args.profile, info=execution_info(), methods=methods, n_jobs=args.n_jobs, store=store, keep=keep)
+    sbc_rows(args.profile, info=execution_info(), methods=methods, n_jobs=args.n_jobs, store=store, reuse=reuse,
+             keep=keep)
     n_rep = int(SIZES[args.profile]["n_replications"])
     for m in methods:
         done = sum(1 for x in keep["replications"] if x["method"] == m and x["ranks"] is not None)
