@@ -22,7 +22,7 @@ In one process, float64, on the state-space backend, for one dataset of a ``data
    NUTS is the reference, but a Monte Carlo one: every quantity's row carries NUTS's bulk ESS (ArviZ) and R-hat, and
    the standard error of the NUTS mean in NUTS sd units is ``1 / sqrt(ESS)``, the scale below which a mean shift is
    not resolved.
-5. The one-eighth design (K = 3; 3,600 features in the note profile, 360 in quick): the model's seconds per
+5. The one-eighth design (K = 3, 3,600 features; note profile): the model's seconds per
    ``value_and_grad`` (warm median) and its ``d``, from which the finite-difference Hessian's ``2 d`` calls are
    projected (status ``projected``): the approximation's cost where the note measures GP-MAP's time to result.
 
@@ -49,12 +49,12 @@ EXPERIMENT = "approximation"
 #: the settings per profile. ``nuts``: ``model.sample`` keywords; ``laplace_draws``: the approximation's draws;
 #: ``projection``: the one-eighth case whose gradient is timed for the projected Hessian cost (None: not run).
 SIZES: dict[str, dict[str, Any]] = {
-    # smoke: no NUTS (its compilation alone takes a minute); the comparison runs in the quick and note profiles
+    # smoke and quick: no NUTS (its compilation alone takes a minute, and the quick profile's budget goes to the SBC
+    # replications); the comparison with NUTS runs in the note profile
     "smoke": dict(design="small", seed=0, duration=30.0, n_factors=1, laplace_draws=100, map_maxiter=200,
                   nuts=None, projection=None),
-    "quick": dict(design="small", seed=0, duration=None, n_factors=None, laplace_draws=500, map_maxiter=500,
-                  nuts=dict(num_warmup=150, num_samples=150, num_chains=1, max_tree_depth=5),
-                  projection=dict(profile="one-eighth", n_features=360, n_factors=3, repeats=3)),
+    "quick": dict(design="small", seed=0, duration=None, n_factors=None, laplace_draws=200, map_maxiter=500,
+                  nuts=None, projection=None),
     "note": dict(design="small", seed=0, duration=None, n_factors=None, laplace_draws=2000, map_maxiter=500,
                  nuts=dict(num_warmup=300, num_samples=300, num_chains=2, max_tree_depth=6),
                  projection=dict(profile="one-eighth", n_features=3600, n_factors=3, repeats=3)),
@@ -206,7 +206,7 @@ def approximation_rows(profile: str = "quick", *, info: dict | None = None, **ov
     reason = skip_reason(predicted_s=predicted)
     if nuts is None:
         rows.append(make_row(NOTEBOOK, EXPERIMENT, "sd_ratio", None, "x", status="not_yet_measured", info=info,
-                             reason=f"the {profile} profile runs no NUTS (the quick and note profiles do)",
+                             reason=f"the {profile} profile runs no NUTS (the note profile does)",
                              fit="nuts", **common))
     elif reason is not None:
         rows += skipped_rows(NOTEBOOK, EXPERIMENT, reason, info=info, metrics=(("sd_ratio", "x"),
