@@ -26,8 +26,10 @@ In one process, float64, on the state-space backend, for one dataset of a ``data
    ``value_and_grad`` (warm median) and its ``d``, from which the finite-difference Hessian's ``2 d`` calls are
    projected (status ``projected``): the approximation's cost where the note measures GP-MAP's time to result.
 
-Every step asks the notebook's time budget first (:func:`msrm_lab.budget.skip_reason`, with a prediction for the
-NUTS run from the measured gradient time); what it skips is recorded as ``not_yet_measured`` rows.
+The notebook's time budget (:func:`msrm_lab.budget.skip_reason`) is asked three times: before anything (a spent
+budget skips the whole experiment), before NUTS (predicted from the measured gradient time at the depth cap,
+``chains x iterations x (2**max_tree_depth - 1)`` gradients, an upper bound) and before the one-eighth projection;
+what it skips is recorded as ``not_yet_measured`` rows with the reason.
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from msrm_lab.budget import skip_reason, skipped_rows
 from .measure import warm_median
 from .rows import make_row
 
-__all__ = ["SIZES", "QUANTITY_KINDS", "posterior_quantities", "compare_marginals", "central_interval_mass",
+__all__ = ["SIZES", "posterior_quantities", "compare_marginals", "central_interval_mass",
            "approximation_rows"]
 
 NOTEBOOK = "calibration"
@@ -60,10 +62,6 @@ SIZES: dict[str, dict[str, Any]] = {
                  projection=dict(profile="one-eighth", n_features=3600, n_factors=3, repeats=3)),
 }
 SIZES["full"] = SIZES["note"]
-
-#: the kinds of test quantity, in the order the book lists them
-QUANTITY_KINDS = ("response", "lengthscale", "noise_sd")
-
 
 def posterior_quantities(posterior) -> dict[str, np.ndarray]:
     """The test quantities (module docstring, step 4) of every draw, read from the physical ``posterior`` group.
@@ -101,7 +99,7 @@ def central_interval_mass(reference: np.ndarray, approximate: np.ndarray, level:
     return float(np.mean((reference >= lo) & (reference <= hi)))
 
 
-def compare_marginals(reference: np.ndarray, approximate: np.ndarray, level: float = 0.9) -> dict[str, float]:
+def compare_marginals(reference: np.ndarray, approximate: np.ndarray) -> dict[str, float]:
     """One quantity's marginal under an approximation beside a reference sampler's.
 
     Args:
@@ -110,7 +108,7 @@ def compare_marginals(reference: np.ndarray, approximate: np.ndarray, level: flo
     Returns:
         ``mean_ref``, ``sd_ref``, ``mean_approx``, ``sd_approx``, ``mean_shift_in_nuts_sd`` (``(mean_approx -
         mean_ref) / sd_ref``), ``sd_ratio`` (``sd_approx / sd_ref``), ``nuts_mass_in_laplace_90`` (the
-        reference's mass inside the approximation's central ``level`` interval), ``ess_bulk_ref`` and
+        reference's mass inside the approximation's central 90% interval), ``ess_bulk_ref`` and
         ``rhat_ref`` (ArviZ, rank-normalised).
     """
     import arviz as az
@@ -126,7 +124,7 @@ def compare_marginals(reference: np.ndarray, approximate: np.ndarray, level: flo
     return {"mean_ref": m_r, "sd_ref": s_r, "mean_approx": m_a, "sd_approx": s_a,
             "mean_shift_in_nuts_sd": (m_a - m_r) / s_r if s_r > 0 else float("nan"),
             "sd_ratio": s_a / s_r if s_r > 0 else float("nan"),
-            "nuts_mass_in_laplace_90": central_interval_mass(ref, app, level),
+            "nuts_mass_in_laplace_90": central_interval_mass(ref, app, 0.9),
             "ess_bulk_ref": ess, "rhat_ref": rhat}
 
 
@@ -139,6 +137,7 @@ def _sampler(posterior) -> dict:
 
 
 def _kind(name: str) -> str:
+    """A test quantity's kind for the rows: ``"lengthscale"``, ``"noise_sd"`` or ``"response"``."""
     if name.startswith("lengthscale"):
         return "lengthscale"
     if name.startswith("noise_sd"):

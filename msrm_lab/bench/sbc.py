@@ -38,18 +38,20 @@ freedom, :func:`chi_square_uniform`), and the randomised normalised ranks ``(ran
 **Time budget.** Without a notebook deadline (:mod:`msrm_lab.budget`; the ``note`` profile) every replication of
 every method runs, all in one pool of worker processes. With one (the ``quick`` profile) a method's replications run
 in rounds of ``n_jobs``; a round starts only while the median wall time of the method's finished replications still
-fits before the deadline (a method's first round always runs), and the replications never started are recorded.
+fits before the deadline (with no wall time known yet, from this sitting or this machine's store, the first round
+runs), and the replications never started are recorded.
 
 **Replication store.** SBC at note size takes hours of NUTS, longer than one sitting, so replications can be kept:
 with ``store`` every successful replication is written, as soon as it finishes, to
 ``<store>/<key>/<method>-<r>.json`` (its ranks, wall time, seed, and where it ran), ``key`` naming the recipe and
 the code (:func:`store_key`). A later sitting of the same code and settings reads them back and runs only the
 replications still missing; stores of other machines (``reuse``) contribute the same way, because replication
-``r`` is the same computation wherever it runs: the same truth and data, the same sampler and seeds. Its ranks agree
-across machines only up to MCMC's sensitivity to rounding (another JAX build or CPU takes other trajectories, which
-move a rank by a few places), and each is a valid draw of the experiment; a replication held by several stores
-counts once, the first store read (this machine's) giving its ranks. Any change to the library, the simulator or the functions here that
-compute a replication changes the key, so a result never mixes replications of different code. The rows say where their replications came from
+``r`` is the same computation wherever it runs: the same truth and data, the same sampler and seeds. Its ranks
+agree across machines only up to MCMC's sensitivity to rounding (another JAX build or CPU takes other trajectories,
+which move a rank by a few places), and each is a valid draw of the experiment; a replication held by several
+stores counts once, the first store read (this machine's) giving its ranks. Any change to the library, the
+simulator or the functions here that compute a replication changes the key, so a result never mixes replications
+of different code. The rows say where their replications came from
 (``replications_by_origin``); wall times are those of this machine only.
 
 **Rows** (notebook ``"calibration"``, experiment ``"sbc"``): per (method, quantity) a ``chi_square_p`` row with
