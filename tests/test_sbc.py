@@ -323,5 +323,7 @@ def test_the_command_line_reads_every_other_machines_store_and_writes_only_its_o
     monkeypatch.setattr(sbc, "sbc_rows", fake_rows)
     assert sbc.main(["--profile", "smoke", "--results", str(tmp_path), "--methods", "laplace"]) == 0
     assert seen["store"] == own
-    # the other machines' stores of the same profile, not the own store and not another profile's
-    assert list(seen["reuse"]) == others
+    # every machine's store of the same profile, not another profile's; sbc_rows reads its own store first and
+    # skips it among these
+    assert list(seen["reuse"]) == sorted([own, *others])
+    assert sbc.machine_stores(tmp_path, "note") == (tmp_path / "cpu-c-4c" / "note" / "calibration.replications",)

@@ -109,9 +109,9 @@ def compare_marginals(reference: np.ndarray, approximate: np.ndarray) -> dict[st
         ``mean_ref``, ``sd_ref``, ``mean_approx``, ``sd_approx``, ``mean_shift_in_nuts_sd`` (``(mean_approx -
         mean_ref) / sd_ref``), ``sd_ratio`` (``sd_approx / sd_ref``), ``nuts_mass_in_laplace_90`` (the
         reference's mass inside the approximation's central 90% interval), ``ess_bulk_ref`` and
-        ``rhat_ref`` (ArviZ, rank-normalised).
+        ``rhat_ref`` (rank-normalised, :func:`msrm.diagnostics.summarize`, equal to ArviZ's).
     """
-    import arviz as az
+    from msrm.diagnostics import summarize
 
     ref = np.asarray(reference, dtype=np.float64)
     if ref.ndim != 2:
@@ -119,13 +119,21 @@ def compare_marginals(reference: np.ndarray, approximate: np.ndarray) -> dict[st
     app = np.asarray(approximate, dtype=np.float64).ravel()
     m_r, s_r = float(ref.mean()), float(ref.std(ddof=1))
     m_a, s_a = float(app.mean()), float(app.std(ddof=1))
-    ess = float(az.ess(ref, method="bulk"))
-    rhat = float(az.rhat(ref)) if ref.shape[0] > 1 else float("nan")
+    diag = summarize(ref).iloc[0]
+    ess = float(diag["ess_bulk"])
+    rhat = float(diag["r_hat"]) if ref.shape[0] > 1 else float("nan")
     return {"mean_ref": m_r, "sd_ref": s_r, "mean_approx": m_a, "sd_approx": s_a,
             "mean_shift_in_nuts_sd": (m_a - m_r) / s_r if s_r > 0 else float("nan"),
             "sd_ratio": s_a / s_r if s_r > 0 else float("nan"),
             "nuts_mass_in_laplace_90": central_interval_mass(ref, app, 0.9),
             "ess_bulk_ref": ess, "rhat_ref": rhat}
+
+
+def _nuts_upper_s(nuts: dict, grad_s: float) -> float:
+    """The longest a NUTS run can take: every iteration of every chain at the depth cap (``2**depth - 1``
+    gradients), each gradient at its measured warm time ``grad_s``."""
+    iterations = nuts["num_chains"] * (nuts["num_warmup"] + nuts["num_samples"])
+    return iterations * (2 ** nuts["max_tree_depth"] - 1) * grad_s
 
 
 def _sampler(posterior) -> dict:
@@ -200,30 +208,30 @@ def approximation_rows(profile: str = "quick", *, info: dict | None = None, **ov
         basis="(GP-MAP + approximation given the mode) / GP-MAP, this design")
 
     nuts = dict(cfg["nuts"]) if cfg["nuts"] is not None else None
-    iterations = nuts["num_chains"] * (nuts["num_warmup"] + nuts["num_samples"]) if nuts else 0
-    predicted = iterations * (2 ** nuts["max_tree_depth"] - 1) * grad_s if nuts else 0.0
-    reason = skip_reason(predicted_s=predicted)
     if nuts is None:
         rows.append(make_row(NOTEBOOK, EXPERIMENT, "sd_ratio", None, "x", status="not_yet_measured", info=info,
                              reason=f"the {profile} profile runs no NUTS (the note profile does)",
                              fit="nuts", **common))
-    elif reason is not None:
-        rows += skipped_rows(NOTEBOOK, EXPERIMENT, reason, info=info, metrics=(("sd_ratio", "x"),
-                             ("wall_s", "s")), fit="nuts", predicted_upper_s=predicted, **common, **nuts)
     else:
-        t0 = time.perf_counter()
-        ref = model.sample(init=fit, seed=cfg["seed"], progress=False, diagnostics=False, **nuts)
-        t_nuts = time.perf_counter() - t0
-        divergences = int(np.asarray(ref.sample_stats["diverging"]).sum())
-        row("wall_s", t_nuts, "s", fit="nuts", divergences=divergences, **nuts)
-        q_ref = posterior_quantities(ref)
-        q_lap = posterior_quantities(lap)
-        for name, ref_draws in q_ref.items():
-            stats = compare_marginals(ref_draws, q_lap[name])
-            for metric, unit in (("sd_ratio", "x"), ("mean_shift_in_nuts_sd", "sd"),
-                                 ("nuts_mass_in_laplace_90", "1")):
-                row(metric, stats[metric], unit, quantity=name, kind=_kind(name), divergences=divergences,
-                    **{k: v for k, v in stats.items() if k != metric}, **nuts)
+        predicted = _nuts_upper_s(nuts, grad_s)
+        reason = skip_reason(predicted_s=predicted)
+        if reason is not None:
+            rows += skipped_rows(NOTEBOOK, EXPERIMENT, reason, info=info, metrics=(("sd_ratio", "x"),
+                                 ("wall_s", "s")), fit="nuts", predicted_upper_s=predicted, **common, **nuts)
+        else:
+            t0 = time.perf_counter()
+            ref = model.sample(init=fit, seed=cfg["seed"], progress=False, diagnostics=False, **nuts)
+            t_nuts = time.perf_counter() - t0
+            divergences = int(np.asarray(ref.sample_stats["diverging"]).sum())
+            row("wall_s", t_nuts, "s", fit="nuts", divergences=divergences, **nuts)
+            q_ref = posterior_quantities(ref)
+            q_lap = posterior_quantities(lap)
+            for name, ref_draws in q_ref.items():
+                stats = compare_marginals(ref_draws, q_lap[name])
+                for metric, unit in (("sd_ratio", "x"), ("mean_shift_in_nuts_sd", "sd"),
+                                     ("nuts_mass_in_laplace_90", "1")):
+                    row(metric, stats[metric], unit, quantity=name, kind=_kind(name), divergences=divergences,
+                        **{k: v for k, v in stats.items() if k != metric}, **nuts)
 
     proj = cfg["projection"]
     if proj is None:

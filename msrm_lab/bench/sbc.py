@@ -446,6 +446,15 @@ def _prune(store: Path, keep: set[str]) -> None:
 # ------------------------------------------------------------------------------------------ rows
 
 
+def machine_stores(results: str | Path, profile: str) -> tuple[Path, ...]:
+    """Every machine's replication store of ``profile``: ``<results>/*/<profile>/calibration.replications``, sorted.
+
+    The calibration notebook and :func:`main` both pass these as ``reuse`` to :func:`sbc_rows`, which reads its own
+    ``store`` first and skips it among them, so a replication run on any machine is not run again.
+    """
+    return tuple(sorted(Path(results).glob(f"*/{profile}/calibration.replications")))
+
+
 def sbc_rows(profile: str = "smoke", *, info: dict | None = None, seed: int = 0, n_jobs: int | None = None,
              methods: tuple[str, ...] | None = None, n_replications: int | None = None,
              keep: dict | None = None, store: str | Path | None = None,
@@ -667,12 +676,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget is not None:
         os.environ[DEADLINE_ENV] = str(time.time() + args.budget)
     store = Path(args.results) / device_label("cpu") / args.profile / "calibration.replications"
-    # the other machines' stores of this profile, as the notebook reads them: their replications are not run again
-    reuse = tuple(p for p in sorted(Path(args.results).glob(f"*/{args.profile}/calibration.replications"))
-                  if p.resolve() != store.resolve())
     keep: dict = {}
-    sbc_rows(args.profile, info=execution_info(), methods=methods, n_jobs=args.n_jobs, store=store, reuse=reuse,
-             keep=keep)
+    sbc_rows(args.profile, info=execution_info(), methods=methods, n_jobs=args.n_jobs, store=store,
+             reuse=machine_stores(args.results, args.profile), keep=keep)
     n_rep = int(SIZES[args.profile]["n_replications"])
     for m in methods:
         done = sum(1 for x in keep["replications"] if x["method"] == m and x["ranks"] is not None)
