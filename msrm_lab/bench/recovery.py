@@ -112,11 +112,11 @@ SIZES: dict[str, dict[str, Any]] = {
                   cv=dict(folds=2, masks=("features",), methods=("rmsrm",), rmsrm=dict(restarts=1, max_iter=100),
                           map=dict(), map_designs=()),
                   cv_seeds=(0,), drop=8.0, figure=dict(design="small", seed=0), n_jobs=1),
-    # make book: two designs, two seeds, every method but NUTS and MEFISTO (one MEFISTO fit of a 300 s design
-    # alone takes most of the quick profile's notebook time limit); GP-MAP fits Matern-7/2, the kernel the note
-    # profile's automatic choice picks on these two designs, because the choice (a fit of each candidate's
-    # lengthscales) costs twice the MAP fit itself on a 300 s design
-    "quick": dict(designs=("baseline", "few_brain"), seeds=(0, 1),
+    # make book: two designs, one seed each (one worker per design), every method but NUTS and MEFISTO (one
+    # MEFISTO fit of a 300 s design alone takes most of the quick profile's notebook time limit); GP-MAP fits
+    # Matern-7/2, the kernel the note profile's automatic choice picks on these two designs, because the choice (a
+    # fit of each candidate's lengthscales) costs twice the MAP fit itself on a 300 s design
+    "quick": dict(designs=("baseline", "few_brain"), seeds=(0,),
                   methods=_ALL_PEERS + ("rmsrm", "gp_map", "rmsrm_brain"), gp_kernel="matern72",
                   rmsrm=dict(restarts=2, max_iter=100), map=dict(), nuts=None, nuts_designs=(),
                   method_seeds={"mefisto": ()},

@@ -15,7 +15,7 @@ NOTEBOOK = "reliability"
 
 SIZES = {
     "smoke": dict(kill_delays=[0.3], faults=False),
-    "quick": dict(kill_delays=[0.2, 0.5, 0.9], faults=True),
+    "quick": dict(kill_delays=[0.2, 0.9], faults=True),
     "note": dict(kill_delays=[0.1, 0.25, 0.4, 0.6, 0.8, 1.0, 1.3, 1.7], faults=True),
     "full": dict(kill_delays=[0.1, 0.25, 0.4, 0.6, 0.8, 1.0, 1.3, 1.7], faults=True),
 }

@@ -48,7 +48,7 @@ __all__ = ["PROFILES", "SITTING_BUDGET_S", "SHARE_WEIGHTS", "MIN_SHARE_S", "Note
            "discover", "notebook_stem", "run_notebook", "run_notebooks"]
 
 PROFILES = ("smoke", "quick", "note", "full")
-SITTING_BUDGET_S = {"smoke": 240.0, "quick": 390.0, "note": None, "full": None}
+SITTING_BUDGET_S = {"smoke": 240.0, "quick": 330.0, "note": None, "full": None}
 """Soft time budget of a sitting (every notebook run once) per profile (:mod:`msrm_lab.budget`). Each notebook's
 execution gets a share of what is left of the sitting's budget, in proportion to its weight among the notebooks
 still to run (:data:`SHARE_WEIGHTS`), at least :data:`MIN_SHARE_S`; a notebook that finishes early leaves its time
